@@ -1,0 +1,54 @@
+//! Command-line parsing and the subcommands' edges: files in, reports out.
+
+mod plot;
+mod simulate;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::process::ExitCode;
+
+/// Kubernetes GPU cluster autoscaler and placement scheduler.
+#[derive(Debug, Parser)]
+#[command(name = "gpuscale", version, about)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "GPUSCALE_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a GPU trace through the placement scheduler (the FGD paper's workload-inflation
+    /// experiment) and report how much of the cluster each policy allocates.
+    Simulate(simulate::SimulateArgs),
+}
+
+/// Sets up `tracing` output on stderr; `RUST_LOG` filters (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Simulate(args) => simulate::run(args),
+    }
+}

@@ -1,0 +1,13 @@
+//! gpuscale: a Kubernetes GPU cluster autoscaler and placement scheduler.
+//!
+//! The crate is split by how much of the outside world a module touches:
+//! [`model`] and [`scheduler`] are pure data and decisions over a cluster snapshot, fast to build and
+//! test; [`trace`] reads trace files; [`sim`] replays traces through the scheduler. Cloud and
+//! Kubernetes I/O live in adapters behind cargo features.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod model;
+pub mod scheduler;
+pub mod sim;
+pub mod trace;

@@ -1,0 +1,23 @@
+//! The cluster model: what a node offers, what a workload asks for, and what is allocated where.
+//!
+//! Everything here is plain data with integer quantities (milli-CPU, bytes, milli-GPU), so that
+//! decisions are exact and deterministic.
+
+mod catalog;
+mod demand;
+mod device;
+pub mod mig;
+mod node;
+mod resources;
+mod snapshot;
+mod workload;
+
+pub use catalog::{GpuCatalog, GpuModelSpec};
+pub use demand::GpuDemand;
+pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
+pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect};
+pub use resources::{Resources, GPU_MILLI};
+pub use snapshot::ClusterSnapshot;
+pub use workload::{
+    NodeSelectorRequirement, SelectorOperator, Toleration, TolerationOperator, Workload, WorkloadId,
+};

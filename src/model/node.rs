@@ -1,0 +1,246 @@
+//! A node: its capacity, its GPUs and their topology, and how it may be scheduled onto.
+
+use super::catalog::GpuCatalog;
+use super::device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance};
+use super::mig::MigGeometry;
+use super::resources::{Resources, GPU_MILLI};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Index of a node in a [`super::ClusterSnapshot`].
+pub type NodeId = usize;
+
+/// Effect of a taint, as in Kubernetes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaintEffect {
+    /// Pods without a toleration are not scheduled.
+    NoSchedule,
+    /// Pods without a toleration are avoided (never blocks placement).
+    PreferNoSchedule,
+    /// Pods without a toleration are evicted.
+    NoExecute,
+}
+
+/// A node taint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Taint {
+    /// Key.
+    pub key: String,
+    /// Value (may be empty).
+    #[serde(default)]
+    pub value: String,
+    /// Effect.
+    pub effect: TaintEffect,
+}
+
+/// Lifecycle state that matters for scaling decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum NodeState {
+    /// Ready and advertising its GPUs.
+    #[default]
+    Ready,
+    /// Registered but not yet Ready, or Ready while the device plugin has not advertised the GPUs
+    /// its instance type carries. Counts as capacity that is on its way, never as an empty node.
+    Initializing,
+    /// Requested from the cloud but not registered yet (planner's in-flight capacity).
+    Upcoming,
+    /// Marked for deletion or being drained.
+    Deleting,
+}
+
+/// How a node's GPUs are connected.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct GpuTopology {
+    /// NUMA node of each GPU (by GPU index); empty = all on one.
+    #[serde(default)]
+    pub numa: Vec<u8>,
+    /// NVLink domain of each GPU; GPUs in the same domain talk over NVLink/NVSwitch. Empty = no
+    /// NVLink.
+    #[serde(default)]
+    pub nvlink_domain: Vec<u8>,
+    /// Multi-node NVLink clique (`nvidia.com/gpu.clique`), for GB200-class racks.
+    #[serde(default)]
+    pub clique: Option<String>,
+}
+
+impl GpuTopology {
+    /// NUMA node of a GPU.
+    pub fn numa_of(&self, gpu: u8) -> u8 {
+        self.numa.get(gpu as usize).copied().unwrap_or(0)
+    }
+
+    /// NVLink domain of a GPU, `None` without NVLink.
+    pub fn nvlink_of(&self, gpu: u8) -> Option<u8> {
+        self.nvlink_domain.get(gpu as usize).copied()
+    }
+
+    /// The usual layout of an `n`-GPU server: NVSwitch (one domain) when `nvlink`, GPUs split
+    /// evenly over two NUMA nodes when there are more than two.
+    pub fn uniform(n: usize, nvlink: bool) -> Self {
+        let numa = if n > 2 {
+            (0..n).map(|i| (i * 2 / n) as u8).collect()
+        } else {
+            vec![]
+        };
+        let nvlink_domain = if nvlink && n > 1 { vec![0; n] } else { vec![] };
+        Self {
+            numa,
+            nvlink_domain,
+            clique: None,
+        }
+    }
+}
+
+/// A schedulable node (or a node that a scale-up would create).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Node {
+    /// Kubernetes node name.
+    pub name: String,
+    /// CPU and memory that pods may request.
+    pub allocatable: Resources,
+    /// CPU and memory requested by the pods on it.
+    #[serde(default)]
+    pub allocated: Resources,
+    /// Canonical GPU model name (see [`GpuCatalog`]); `None` for CPU-only nodes.
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    /// GPU devices.
+    #[serde(default)]
+    pub gpus: Vec<GpuDevice>,
+    /// GPU interconnect.
+    #[serde(default)]
+    pub topology: GpuTopology,
+    /// Node labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Node taints.
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+    /// `topology.kubernetes.io/zone`.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Node group / instance group the node belongs to.
+    #[serde(default)]
+    pub node_group: Option<String>,
+    /// Cloud instance type.
+    #[serde(default)]
+    pub instance_type: Option<String>,
+    /// Cloud provider id (`aws:///us-east-1a/i-...`, `gce://project/zone/name`).
+    #[serde(default)]
+    pub provider_id: Option<String>,
+    /// Cordoned.
+    #[serde(default)]
+    pub unschedulable: bool,
+    /// Lifecycle state.
+    #[serde(default)]
+    pub state: NodeState,
+}
+
+impl Node {
+    /// MIG geometry of the node's GPU model, if it has one.
+    pub fn mig_geometry(&self) -> Option<&'static MigGeometry> {
+        self.gpu_model
+            .as_deref()
+            .and_then(|m| GpuCatalog.resolve(m))
+            .and_then(|m| m.mig)
+    }
+
+    /// CPU and memory still free.
+    pub fn free(&self) -> Resources {
+        self.allocatable
+            .checked_sub(&self.allocated)
+            .unwrap_or_default()
+    }
+
+    /// Total GPU capacity in milli-GPU.
+    pub fn gpu_milli_capacity(&self) -> u64 {
+        self.gpus.len() as u64 * u64::from(GPU_MILLI)
+    }
+
+    /// Free GPU capacity in milli-GPU.
+    pub fn gpu_milli_free(&self) -> u64 {
+        let g = self.mig_geometry();
+        self.gpus.iter().map(|d| u64::from(d.free_milli(g))).sum()
+    }
+
+    /// Number of GPUs with nothing allocated.
+    pub fn idle_gpus(&self) -> usize {
+        self.gpus.iter().filter(|d| d.is_idle()).count()
+    }
+
+    /// Records a workload's CPU, memory and devices on the node. The caller has checked that
+    /// they fit (the scheduler's device selection only returns fitting assignments).
+    pub fn allocate(&mut self, requests: &Resources, devices: &DeviceAssignment) {
+        self.allocated = self.allocated.saturating_add(requests);
+        self.apply_devices(devices, true);
+    }
+
+    /// Returns a workload's CPU, memory and devices to the node.
+    pub fn release(&mut self, requests: &Resources, devices: &DeviceAssignment) {
+        self.allocated = self.allocated.checked_sub(requests).unwrap_or_default();
+        self.apply_devices(devices, false);
+    }
+
+    fn apply_devices(&mut self, devices: &DeviceAssignment, add: bool) {
+        let adjust_u32 = |v: &mut u32, d: u32| *v = if add { *v + d } else { v.saturating_sub(d) };
+        match devices {
+            DeviceAssignment::None => {}
+            DeviceAssignment::Whole { gpus } => {
+                for &g in gpus {
+                    if let Some(d) = self.gpus.get_mut(g as usize) {
+                        adjust_u32(&mut d.used_milli, GPU_MILLI);
+                    }
+                }
+            }
+            DeviceAssignment::Fraction {
+                gpus,
+                milli,
+                memory_mib,
+            } => {
+                for &g in gpus {
+                    if let Some(d) = self.gpus.get_mut(g as usize) {
+                        adjust_u32(&mut d.used_milli, *milli);
+                        d.used_memory_mib = if add {
+                            d.used_memory_mib + memory_mib
+                        } else {
+                            d.used_memory_mib.saturating_sub(*memory_mib)
+                        };
+                    }
+                }
+            }
+            DeviceAssignment::Mig { instances } => {
+                for (g, placement) in instances {
+                    let Some(d) = self.gpus.get_mut(*g as usize) else {
+                        continue;
+                    };
+                    let GpuMode::Mig {
+                        instances: configured,
+                        dynamic,
+                    } = &mut d.mode
+                    else {
+                        continue;
+                    };
+                    match configured.iter_mut().find(|i| &i.placement == placement) {
+                        Some(inst) => inst.used = add,
+                        None if add => configured.push(MigInstance {
+                            placement: placement.clone(),
+                            used: true,
+                        }),
+                        None => {}
+                    }
+                    if !add && *dynamic {
+                        // Dynamically created instances are destroyed when released.
+                        configured.retain(|i| i.used || &i.placement != placement);
+                    }
+                }
+            }
+            DeviceAssignment::Replicas { gpus } => {
+                for &g in gpus {
+                    if let Some(d) = self.gpus.get_mut(g as usize) {
+                        adjust_u32(&mut d.used_replicas, 1);
+                    }
+                }
+            }
+        }
+    }
+}

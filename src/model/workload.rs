@@ -1,0 +1,257 @@
+//! A workload (pod) as the scheduler sees it: what it requests and where it may run.
+
+use super::demand::GpuDemand;
+use super::node::{Node, TaintEffect};
+use super::resources::Resources;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Identity of a workload: `namespace/name`.
+pub type WorkloadId = String;
+
+/// Operator of a node selector requirement, as in Kubernetes node affinity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SelectorOperator {
+    /// Label value is one of `values`.
+    In,
+    /// Label value is none of `values` (or the label is absent).
+    NotIn,
+    /// Label present.
+    Exists,
+    /// Label absent.
+    DoesNotExist,
+    /// Label value, as an integer, is greater than the single value.
+    Gt,
+    /// Label value, as an integer, is less than the single value.
+    Lt,
+}
+
+/// One requirement of a required node-affinity term.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeSelectorRequirement {
+    /// Label key.
+    pub key: String,
+    /// Operator.
+    pub operator: SelectorOperator,
+    /// Values.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+impl NodeSelectorRequirement {
+    /// Whether a node's labels satisfy the requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let value = labels.get(&self.key);
+        let as_int = |v: &str| v.parse::<i64>().ok();
+        match self.operator {
+            SelectorOperator::In => value.is_some_and(|v| self.values.contains(v)),
+            SelectorOperator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+            SelectorOperator::Exists => value.is_some(),
+            SelectorOperator::DoesNotExist => value.is_none(),
+            SelectorOperator::Gt | SelectorOperator::Lt => {
+                let (Some(v), Some(bound)) = (
+                    value.and_then(|v| as_int(v)),
+                    self.values.first().and_then(|b| as_int(b)),
+                ) else {
+                    return false;
+                };
+                if self.operator == SelectorOperator::Gt {
+                    v > bound
+                } else {
+                    v < bound
+                }
+            }
+        }
+    }
+}
+
+/// Operator of a toleration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum TolerationOperator {
+    /// Key and value must match.
+    #[default]
+    Equal,
+    /// Key must match (or be empty, tolerating everything).
+    Exists,
+}
+
+/// A pod toleration.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct Toleration {
+    /// Taint key; empty with `Exists` tolerates every taint.
+    #[serde(default)]
+    pub key: String,
+    /// Operator.
+    #[serde(default)]
+    pub operator: TolerationOperator,
+    /// Value for `Equal`.
+    #[serde(default)]
+    pub value: String,
+    /// Effect tolerated; `None` = all effects.
+    #[serde(default)]
+    pub effect: Option<TaintEffect>,
+}
+
+impl Toleration {
+    /// Whether this toleration covers a taint.
+    pub fn tolerates(&self, taint: &super::node::Taint) -> bool {
+        if self.effect.is_some_and(|e| e != taint.effect) {
+            return false;
+        }
+        match self.operator {
+            TolerationOperator::Exists => self.key.is_empty() || self.key == taint.key,
+            TolerationOperator::Equal => self.key == taint.key && self.value == taint.value,
+        }
+    }
+}
+
+/// A workload to place: a pod, pending or running.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Workload {
+    /// `namespace/name`.
+    pub id: WorkloadId,
+    /// CPU and memory requests.
+    pub requests: Resources,
+    /// GPU demand.
+    #[serde(default)]
+    pub gpu: GpuDemand,
+    /// Canonical GPU models the workload accepts; empty = any.
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+    /// Scheduling priority (higher first).
+    #[serde(default)]
+    pub priority: i32,
+    /// Owning tenant (team/queue).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Gang (pod group) the workload belongs to; a gang is placed all-or-nothing.
+    #[serde(default)]
+    pub gang: Option<String>,
+    /// `spec.nodeSelector`.
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node-affinity terms: the node must match one term, all requirements of it.
+    #[serde(default)]
+    pub affinity_terms: Vec<Vec<NodeSelectorRequirement>>,
+    /// Tolerations.
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    /// The node it runs on, when already bound.
+    #[serde(default)]
+    pub node_name: Option<String>,
+}
+
+impl Workload {
+    /// Whether the node's labels, taints and GPU model allow the workload, regardless of free
+    /// capacity. These are the static checks that can be decided once per node shape.
+    pub fn allowed_on(&self, node: &Node) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(k, v)| node.labels.get(k) == Some(v))
+            && (self.affinity_terms.is_empty()
+                || self
+                    .affinity_terms
+                    .iter()
+                    .any(|term| term.iter().all(|r| r.matches(&node.labels))))
+            && node
+                .taints
+                .iter()
+                .filter(|t| t.effect != TaintEffect::PreferNoSchedule)
+                .all(|t| self.tolerations.iter().any(|tol| tol.tolerates(t)))
+            && (self.gpu.is_none()
+                || self.gpu_models.is_empty()
+                || node
+                    .gpu_model
+                    .as_ref()
+                    .is_some_and(|m| self.gpu_models.contains(m)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::node::Taint;
+
+    fn node_with(labels: &[(&str, &str)], taints: Vec<Taint>) -> Node {
+        Node {
+            name: "n".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            taints,
+            gpu_model: Some("A100-40GB".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn taints_need_tolerations() {
+        let taint = Taint {
+            key: "nvidia.com/gpu".into(),
+            value: "present".into(),
+            effect: TaintEffect::NoSchedule,
+        };
+        let node = node_with(&[], vec![taint]);
+        let mut w = Workload {
+            id: "a/b".into(),
+            ..Default::default()
+        };
+        assert!(!w.allowed_on(&node));
+        w.tolerations.push(Toleration {
+            key: "nvidia.com/gpu".into(),
+            operator: TolerationOperator::Exists,
+            ..Default::default()
+        });
+        assert!(w.allowed_on(&node));
+        let prefer = Taint {
+            key: "x".into(),
+            value: String::new(),
+            effect: TaintEffect::PreferNoSchedule,
+        };
+        assert!(Workload::default().allowed_on(&node_with(&[], vec![prefer])));
+    }
+
+    #[test]
+    fn selectors_and_affinity_terms() {
+        let node = node_with(&[("zone", "a"), ("gpus", "8")], vec![]);
+        let mut w = Workload::default();
+        w.node_selector.insert("zone".into(), "b".into());
+        assert!(!w.allowed_on(&node));
+        w.node_selector.clear();
+        let req = |k: &str, op, v: &[&str]| NodeSelectorRequirement {
+            key: k.into(),
+            operator: op,
+            values: v.iter().map(|s| s.to_string()).collect(),
+        };
+        w.affinity_terms = vec![
+            vec![req("zone", SelectorOperator::In, &["b"])],
+            vec![req("gpus", SelectorOperator::Gt, &["4"])],
+        ];
+        assert!(w.allowed_on(&node), "second term matches");
+        w.affinity_terms = vec![vec![req("gpus", SelectorOperator::Lt, &["4"])]];
+        assert!(!w.allowed_on(&node));
+        w.affinity_terms = vec![vec![
+            req("zone", SelectorOperator::NotIn, &["c"]),
+            req("spot", SelectorOperator::DoesNotExist, &[]),
+        ]];
+        assert!(w.allowed_on(&node));
+    }
+
+    #[test]
+    fn gpu_model_constraint_applies_only_to_gpu_workloads() {
+        let node = node_with(&[], vec![]);
+        let mut w = Workload {
+            gpu_models: vec!["H100-80GB".into()],
+            ..Default::default()
+        };
+        assert!(
+            w.allowed_on(&node),
+            "CPU-only workload ignores the GPU model list"
+        );
+        w.gpu = GpuDemand::Whole { count: 1 };
+        assert!(!w.allowed_on(&node));
+        w.gpu_models.push("A100-40GB".into());
+        assert!(w.allowed_on(&node));
+    }
+}

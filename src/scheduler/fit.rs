@@ -1,0 +1,274 @@
+//! Feasibility: may a workload run on a node, and with which devices.
+
+use crate::model::{DeviceAssignment, GpuDemand, GpuMode, Node, NodeState, Workload, GPU_MILLI};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Why a workload does not fit a node. Reasons are data, reported per pod in plans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unfit {
+    /// Cordoned, being deleted, or not accepting pods.
+    NodeUnschedulable,
+    /// Node selector, affinity, taints or GPU model exclude the node.
+    NodeMismatch,
+    /// Not enough free CPU.
+    InsufficientCpu,
+    /// Not enough free memory.
+    InsufficientMemory,
+    /// The node has no GPU of the kind asked for (no GPUs, no MIG, not time-sliced).
+    NoSuchGpu,
+    /// The node's GPUs of that kind are taken.
+    InsufficientGpu,
+}
+
+impl Unfit {
+    /// A short reason for events and plans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unfit::NodeUnschedulable => "node unschedulable",
+            Unfit::NodeMismatch => "node selector, taints or GPU model do not match",
+            Unfit::InsufficientCpu => "insufficient cpu",
+            Unfit::InsufficientMemory => "insufficient memory",
+            Unfit::NoSuchGpu => "no GPU of the requested kind",
+            Unfit::InsufficientGpu => "insufficient free GPU",
+        }
+    }
+}
+
+/// Checks everything but devices: state, labels, taints, model, CPU and memory.
+pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
+    if node.unschedulable || node.state == NodeState::Deleting {
+        return Err(Unfit::NodeUnschedulable);
+    }
+    if !workload.allowed_on(node) {
+        return Err(Unfit::NodeMismatch);
+    }
+    let free = node.free();
+    if workload.requests.cpu_milli > free.cpu_milli {
+        return Err(Unfit::InsufficientCpu);
+    }
+    if workload.requests.memory_bytes > free.memory_bytes {
+        return Err(Unfit::InsufficientMemory);
+    }
+    Ok(())
+}
+
+/// The device choices worth scoring for a workload on a node: one per distinguishable option
+/// (GPUs in the same state are interchangeable, so only one of them is offered). Empty `Ok`
+/// never happens: a node without a choice is an `Err`.
+pub fn candidates(node: &Node, workload: &Workload) -> Result<Vec<DeviceAssignment>, Unfit> {
+    check_node(node, workload)?;
+    match &workload.gpu {
+        GpuDemand::None => Ok(vec![DeviceAssignment::None]),
+        GpuDemand::Whole { count } => whole(node, *count),
+        GpuDemand::Fraction {
+            count,
+            milli,
+            memory_mib,
+        } => fraction(node, *count, *milli, *memory_mib),
+        GpuDemand::Mig { profile, count } => mig(node, profile, *count),
+        GpuDemand::Shared { count } => replicas(node, *count),
+    }
+}
+
+fn standard_gpus(node: &Node) -> impl Iterator<Item = &crate::model::GpuDevice> {
+    node.gpus
+        .iter()
+        .filter(|d| matches!(d.mode, GpuMode::Standard))
+}
+
+fn whole(node: &Node, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
+    if node
+        .gpus
+        .iter()
+        .any(|d| matches!(d.mode, GpuMode::TimeSliced { .. }))
+    {
+        // On a time-sliced node `nvidia.com/gpu` counts replicas.
+        return replicas(node, count);
+    }
+    if standard_gpus(node).count() < count as usize {
+        return Err(if node.gpus.is_empty() {
+            Unfit::NoSuchGpu
+        } else {
+            Unfit::InsufficientGpu
+        });
+    }
+    let idle: Vec<u8> = standard_gpus(node)
+        .filter(|d| d.is_idle())
+        .map(|d| d.index)
+        .collect();
+    if idle.len() < count as usize {
+        return Err(Unfit::InsufficientGpu);
+    }
+    Ok(vec![DeviceAssignment::Whole {
+        gpus: select_connected(node, &idle, count as usize),
+    }])
+}
+
+/// Picks `k` of the `idle` GPUs, preferring one NVLink domain and one NUMA node, and among those
+/// the tightest group so that larger connected groups stay free for larger jobs.
+pub fn select_connected(node: &Node, idle: &[u8], k: usize) -> Vec<u8> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let topo = &node.topology;
+    let keys: [&dyn Fn(u8) -> (Option<u8>, u8); 3] = [
+        &|g| (topo.nvlink_of(g), topo.numa_of(g)),
+        &|g| (topo.nvlink_of(g), 0),
+        &|g| (None, topo.numa_of(g)),
+    ];
+    for key in keys {
+        let mut groups: BTreeMap<(Option<u8>, u8), Vec<u8>> = BTreeMap::new();
+        for &g in idle {
+            groups.entry(key(g)).or_default().push(g);
+        }
+        if let Some(group) = groups
+            .values()
+            .filter(|g| g.len() >= k)
+            .min_by_key(|g| g.len())
+        {
+            return group[..k].to_vec();
+        }
+    }
+    idle[..k].to_vec()
+}
+
+fn fraction(
+    node: &Node,
+    count: u32,
+    milli: u32,
+    memory_mib: u64,
+) -> Result<Vec<DeviceAssignment>, Unfit> {
+    if standard_gpus(node).next().is_none() {
+        return Err(if node.gpus.is_empty() {
+            Unfit::NoSuchGpu
+        } else {
+            Unfit::NoSuchGpu
+        });
+    }
+    let fitting: Vec<&crate::model::GpuDevice> = standard_gpus(node)
+        .filter(|d| d.fits_fraction(milli, memory_mib))
+        .collect();
+    if fitting.len() < count as usize {
+        return Err(Unfit::InsufficientGpu);
+    }
+    let assignment = |gpus: Vec<u8>| DeviceAssignment::Fraction {
+        gpus,
+        milli,
+        memory_mib,
+    };
+    if count == 1 {
+        // One candidate per distinct GPU state; the policy chooses among them.
+        let mut seen: Vec<(u32, u64)> = Vec::new();
+        let mut out = Vec::new();
+        for d in fitting {
+            let state = (d.used_milli, d.used_memory_mib);
+            if !seen.contains(&state) {
+                seen.push(state);
+                out.push(assignment(vec![d.index]));
+            }
+        }
+        return Ok(out);
+    }
+    // Several shares: the fullest GPUs that still fit, keeping idle GPUs whole.
+    let mut sorted = fitting;
+    sorted.sort_by_key(|d| (GPU_MILLI - d.used_milli, d.index));
+    Ok(vec![assignment(
+        sorted[..count as usize].iter().map(|d| d.index).collect(),
+    )])
+}
+
+fn mig(node: &Node, profile_name: &str, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
+    let Some(geometry) = node.mig_geometry() else {
+        return Err(Unfit::NoSuchGpu);
+    };
+    let Some(profile) = geometry.profile(profile_name) else {
+        return Err(Unfit::NoSuchGpu);
+    };
+    let mut any_mig = false;
+    // Per GPU, the instances it can give now: free configured ones, then new dynamic ones.
+    let mut per_gpu: Vec<(u8, Vec<crate::model::mig::MigPlacement>)> = Vec::new();
+    for d in &node.gpus {
+        let GpuMode::Mig { instances, dynamic } = &d.mode else {
+            continue;
+        };
+        let mut offers: Vec<_> = instances
+            .iter()
+            .filter(|i| !i.used && i.placement.profile == profile_name)
+            .map(|i| i.placement.clone())
+            .collect();
+        any_mig |= *dynamic
+            || instances
+                .iter()
+                .any(|i| i.placement.profile == profile_name);
+        if *dynamic {
+            let mut layout: Vec<_> = instances.iter().map(|i| i.placement.clone()).collect();
+            while offers.len() < count as usize {
+                let Some(start) = geometry.best_start(&layout, profile) else {
+                    break;
+                };
+                let p = crate::model::mig::MigPlacement {
+                    profile: profile_name.to_string(),
+                    start,
+                };
+                layout.push(p.clone());
+                offers.push(p);
+            }
+        }
+        if !offers.is_empty() {
+            per_gpu.push((d.index, offers));
+        }
+    }
+    if !any_mig {
+        return Err(Unfit::NoSuchGpu);
+    }
+    let total: usize = per_gpu.iter().map(|(_, o)| o.len()).sum();
+    if total < count as usize {
+        return Err(Unfit::InsufficientGpu);
+    }
+    // Take instances from the GPUs with the fewest offers first, so emptier GPUs stay whole.
+    per_gpu.sort_by_key(|(g, o)| (o.len(), *g));
+    let mut instances = Vec::with_capacity(count as usize);
+    'outer: for (g, offers) in per_gpu {
+        for p in offers {
+            if instances.len() == count as usize {
+                break 'outer;
+            }
+            instances.push((g, p));
+        }
+    }
+    Ok(vec![DeviceAssignment::Mig { instances }])
+}
+
+fn replicas(node: &Node, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
+    let mut free: Vec<(u32, u8)> = node
+        .gpus
+        .iter()
+        .filter_map(|d| match d.mode {
+            GpuMode::TimeSliced { replicas } => {
+                Some((replicas.saturating_sub(d.used_replicas), d.index))
+            }
+            _ => None,
+        })
+        .collect();
+    if free.is_empty() {
+        return Err(Unfit::NoSuchGpu);
+    }
+    if free.iter().map(|(f, _)| f).sum::<u32>() < count {
+        return Err(Unfit::InsufficientGpu);
+    }
+    // Spread replicas over the least-shared GPUs, like the device plugin does.
+    free.sort_by_key(|&(f, g)| (std::cmp::Reverse(f), g));
+    let mut gpus = Vec::with_capacity(count as usize);
+    while gpus.len() < count as usize {
+        for (f, g) in free.iter_mut() {
+            if *f > 0 && gpus.len() < count as usize {
+                *f -= 1;
+                gpus.push(*g);
+            }
+        }
+    }
+    gpus.sort_unstable();
+    Ok(vec![DeviceAssignment::Replicas { gpus }])
+}

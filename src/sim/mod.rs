@@ -1,0 +1,3 @@
+//! Trace replays through the scheduler.
+
+pub mod inflation;

@@ -1,0 +1,3 @@
+//! Reading workload traces.
+
+pub mod openb;
