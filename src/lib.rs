@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod model;
+pub mod providers;
 pub mod scheduler;
 pub mod sim;
 pub mod trace;

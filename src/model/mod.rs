@@ -6,6 +6,7 @@
 mod catalog;
 mod demand;
 mod device;
+mod group;
 pub mod mig;
 mod node;
 mod resources;
@@ -15,6 +16,9 @@ mod workload;
 pub use catalog::{GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
+pub use group::{
+    dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup,
+};
 pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;

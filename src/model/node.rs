@@ -134,6 +134,9 @@ pub struct Node {
     /// Lifecycle state.
     #[serde(default)]
     pub state: NodeState,
+    /// `cluster-autoscaler.kubernetes.io/scale-down-disabled` or `karpenter.sh/do-not-disrupt`.
+    #[serde(default)]
+    pub scale_down_disabled: bool,
 }
 
 impl Node {

@@ -1,7 +1,7 @@
 //! A point-in-time view of a cluster: the input of every decision.
 
 use super::node::Node;
-use super::workload::Workload;
+use super::workload::{DisruptionBudget, Workload};
 use serde::{Deserialize, Serialize};
 
 /// Nodes and the workloads on them or waiting for them. Decisions are pure functions of a
@@ -12,6 +12,9 @@ pub struct ClusterSnapshot {
     pub nodes: Vec<Node>,
     /// Running workloads (with `node_name`) and pending ones (without).
     pub workloads: Vec<Workload>,
+    /// PodDisruptionBudgets.
+    #[serde(default)]
+    pub disruption_budgets: Vec<DisruptionBudget>,
 }
 
 impl ClusterSnapshot {

@@ -139,6 +139,87 @@ pub struct Workload {
     /// The node it runs on, when already bound.
     #[serde(default)]
     pub node_name: Option<String>,
+    /// Pod labels (PDB selectors, gang and tenant conventions).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// What created the pod; DaemonSet pods never need a new home, bare pods cannot be recreated.
+    #[serde(default)]
+    pub owner: OwnerKind,
+    /// Why the pod must not be evicted (e.g. `karpenter.sh/do-not-disrupt`,
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`), if it must not.
+    #[serde(default)]
+    pub eviction_blocked: Option<String>,
+    /// Minimum members of its gang that must be placed together (PodGroup `minMember`); `None`
+    /// means all members of the gang.
+    #[serde(default)]
+    pub gang_min_members: Option<u32>,
+    /// Node label whose value all gang members must share (e.g. `topology.kubernetes.io/zone`).
+    #[serde(default)]
+    pub gang_topology_key: Option<String>,
+    /// Creation time, seconds since the Unix epoch (waiting time, starvation).
+    #[serde(default)]
+    pub created_at: Option<i64>,
+}
+
+/// The controller that owns a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum OwnerKind {
+    /// No owner: a bare pod, lost if evicted.
+    #[default]
+    None,
+    /// A ReplicaSet (Deployment).
+    ReplicaSet,
+    /// A StatefulSet.
+    StatefulSet,
+    /// A Job (also JobSet, PyTorchJob workers).
+    Job,
+    /// A DaemonSet: runs on every node, never moved.
+    DaemonSet,
+    /// The node itself (static/mirror pod).
+    Node,
+    /// Another controller kind.
+    Other(String),
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct LabelSelector {
+    /// Exact label matches.
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+    /// Expressions, all of which must hold.
+    #[serde(default)]
+    pub match_expressions: Vec<NodeSelectorRequirement>,
+}
+
+impl LabelSelector {
+    /// Whether labels satisfy the selector (an empty selector matches everything).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|r| r.matches(labels))
+    }
+}
+
+/// A PodDisruptionBudget, reduced to what decides whether a pod may be evicted now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisruptionBudget {
+    /// `namespace/name`.
+    pub id: String,
+    /// Namespace the selector applies in.
+    pub namespace: String,
+    /// Pods covered.
+    pub selector: LabelSelector,
+    /// `status.disruptionsAllowed`: evictions allowed right now.
+    pub disruptions_allowed: u32,
+}
+
+impl DisruptionBudget {
+    /// Whether the budget covers a workload.
+    pub fn covers(&self, w: &Workload) -> bool {
+        w.id.split('/').next() == Some(self.namespace.as_str()) && self.selector.matches(&w.labels)
+    }
 }
 
 impl Workload {
