@@ -1,23 +1,56 @@
 //! gpuscale's default placement policy.
+//!
+//! It starts from FGD's measure (expected GPU capacity a future task cannot use) and fixes two
+//! blind spots of it:
+//! - FGD sees CPU only through the next task: a node whose free CPU still fits one more task
+//!   counts all its free GPUs as usable, even when the CPU supports only a fraction of them. We
+//!   add the GPU capacity that the node's free CPU cannot feed at the expected workload's CPU per
+//!   GPU ("fluid" stranding), so CPU-heavy and CPU-only work flows to CPU-rich nodes before it
+//!   starves GPU-dense ones.
+//! - FGD's integer score makes most choices ties broken by node order; with exact gradients the
+//!   ties vanish and nothing keeps empty nodes empty. We charge a small cost for opening an empty
+//!   node (1% of its GPU capacity), which packs work onto nodes already in use; an autoscaler can
+//!   then remove the nodes left empty.
 
 use super::fgd::{best_by_frag_delta, Fragmentation};
 use super::target::TargetWorkload;
 use super::Policy;
 use crate::model::{DeviceAssignment, Node, Workload};
 use crate::scheduler::fit::Unfit;
+use crate::scheduler::view::FreeView;
 
-/// Fragmentation-aware placement with exact (untruncated) gradients.
+/// Share of a node's GPU capacity charged for opening an empty node.
+const OPEN_NODE_COST: f64 = 0.01;
+
+/// Fragmentation-aware placement with exact gradients, CPU-aware stranding and consolidation.
 #[derive(Debug)]
 pub struct GpuscalePolicy {
     frag: Fragmentation,
+    /// Expected CPU (milli) per milli-GPU of the GPU tasks in the expected workload.
+    cpu_per_gpu_milli: f64,
 }
 
 impl GpuscalePolicy {
     /// The policy for an expected workload.
     pub fn new(target: TargetWorkload) -> Self {
+        let gpu_shapes = || target.shapes.iter().filter(|s| s.gpu_milli > 0);
+        let cpu: f64 = gpu_shapes().map(|s| s.weight * s.cpu_milli as f64).sum();
+        let gpu: f64 = gpu_shapes()
+            .map(|s| s.weight * f64::from(s.gpu_milli * s.gpu_count))
+            .sum();
+        let cpu_per_gpu_milli = if gpu > 0.0 { cpu / gpu } else { 0.0 };
         Self {
             frag: Fragmentation::new(target),
+            cpu_per_gpu_milli,
         }
+    }
+
+    /// Free GPU capacity (milli) that the node's free CPU cannot feed at the expected ratio.
+    fn stranded(&self, view: &FreeView) -> f64 {
+        if self.cpu_per_gpu_milli <= 0.0 {
+            return 0.0;
+        }
+        (f64::from(view.gpu_free_total()) - view.cpu_milli as f64 / self.cpu_per_gpu_milli).max(0.0)
     }
 }
 
@@ -27,6 +60,80 @@ impl Policy for GpuscalePolicy {
     }
 
     fn evaluate(&self, node: &Node, workload: &Workload) -> Result<(f64, DeviceAssignment), Unfit> {
-        best_by_frag_delta(&self.frag, node, workload, |delta, _, _| -delta)
+        let stranded_before = self.stranded(&FreeView::of(node));
+        let is_empty = node.allocated.cpu_milli == 0 && node.gpus.iter().all(|g| g.is_idle());
+        let opening_cost = if is_empty {
+            OPEN_NODE_COST * node.gpu_milli_capacity() as f64
+        } else {
+            0.0
+        };
+        best_by_frag_delta(&self.frag, node, workload, |frag_delta, after, _| {
+            -(frag_delta + self.stranded(after) - stranded_before + opening_cost) / 1000.0
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuDemand, GpuDevice, Resources};
+    use crate::scheduler::policy::TargetShape;
+
+    fn gpu_node(name: &str, cpu: u64, gpus: usize) -> Node {
+        Node {
+            name: name.into(),
+            allocatable: Resources::new(cpu, 1 << 20),
+            gpu_model: Some("T4".into()),
+            gpus: (0..gpus)
+                .map(|i| GpuDevice::standard(i as u8, 16384))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn policy() -> GpuscalePolicy {
+        // Expected work: 1-GPU tasks with 12 cores each.
+        GpuscalePolicy::new(TargetWorkload {
+            shapes: vec![TargetShape {
+                cpu_milli: 12_000,
+                memory_bytes: 0,
+                gpu_milli: 1000,
+                gpu_count: 1,
+                models: vec![],
+                weight: 1.0,
+            }],
+        })
+    }
+
+    #[test]
+    fn cpu_only_work_goes_where_cpu_is_plentiful() {
+        let p = policy();
+        // 8 GPUs with 96 cores is exactly 12 cores per GPU; 2 GPUs with 104 cores has spare CPU.
+        let dense = gpu_node("dense", 96_000, 8);
+        let rich = gpu_node("rich", 104_000, 2);
+        let cpu_task = Workload {
+            requests: Resources::new(16_000, 1),
+            ..Default::default()
+        };
+        let (on_dense, _) = p.evaluate(&dense, &cpu_task).unwrap();
+        let (on_rich, _) = p.evaluate(&rich, &cpu_task).unwrap();
+        assert!(on_rich > on_dense, "rich {on_rich} dense {on_dense}");
+    }
+
+    #[test]
+    fn prefers_a_node_in_use_over_an_empty_one() {
+        let p = policy();
+        let empty = gpu_node("empty", 96_000, 8);
+        let mut used = gpu_node("used", 96_000, 8);
+        used.allocate(
+            &Resources::new(12_000, 1),
+            &DeviceAssignment::Whole { gpus: vec![0] },
+        );
+        let task = Workload {
+            requests: Resources::new(12_000, 1),
+            gpu: GpuDemand::Whole { count: 1 },
+            ..Default::default()
+        };
+        assert!(p.evaluate(&used, &task).unwrap().0 > p.evaluate(&empty, &task).unwrap().0);
     }
 }
