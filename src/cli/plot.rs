@@ -24,32 +24,17 @@ pub fn line_chart(
             .x_label_area_size(44)
             .y_label_area_size(60)
             .build_cartesian_2d(x_range.0..x_range.1, 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_label)
-            .y_desc(y_label)
-            .draw()?;
+        chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw()?;
         for (i, (name, points)) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
-                .draw_series(LineSeries::new(
-                    points.iter().copied(),
-                    color.stroke_width(2),
-                ))?
+                .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
                 .label(name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
+        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
         root.present()?;
         Ok(())
     };
-    draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("drawing {}", path.display()))
+    draw().map_err(|e| anyhow::anyhow!("{e}")).with_context(|| format!("drawing {}", path.display()))
 }

@@ -74,22 +74,15 @@ fn parse_seeds(spec: &str) -> anyhow::Result<Vec<u64>> {
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if let Some((a, b)) = part.split_once('-') {
             let (a, b): (u64, u64) = (
-                a.trim()
-                    .parse()
-                    .with_context(|| format!("--seeds: {a:?} is not a number"))?,
-                b.trim()
-                    .parse()
-                    .with_context(|| format!("--seeds: {b:?} is not a number"))?,
+                a.trim().parse().with_context(|| format!("--seeds: {a:?} is not a number"))?,
+                b.trim().parse().with_context(|| format!("--seeds: {b:?} is not a number"))?,
             );
             if b < a {
                 bail!("--seeds: range {part:?} is empty");
             }
             seeds.extend(a..=b);
         } else {
-            seeds.push(
-                part.parse()
-                    .with_context(|| format!("--seeds: {part:?} is not a number"))?,
-            );
+            seeds.push(part.parse().with_context(|| format!("--seeds: {part:?} is not a number"))?);
         }
     }
     if seeds.is_empty() {
@@ -102,13 +95,7 @@ fn parse_policies(names: &[String]) -> anyhow::Result<Vec<PolicyKind>> {
     if names.iter().any(|n| n == "all") {
         return Ok(PolicyKind::ALL.to_vec());
     }
-    names
-        .iter()
-        .map(|n| {
-            n.parse::<PolicyKind>()
-                .map_err(|e| anyhow::anyhow!("--policy: {e}"))
-        })
-        .collect()
+    names.iter().map(|n| n.parse::<PolicyKind>().map_err(|e| anyhow::anyhow!("--policy: {e}"))).collect()
 }
 
 /// Runs the command.
@@ -125,10 +112,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     };
     let policies = parse_policies(&args.policy)?;
     let nodes = openb::read_nodes(&args.nodes)?;
-    let trace: Vec<Workload> = openb::read_pods(&args.pods)?
-        .into_iter()
-        .map(|p| p.workload)
-        .collect();
+    let trace: Vec<Workload> = openb::read_pods(&args.pods)?.into_iter().map(|p| p.workload).collect();
     let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
     if gpus == 0 {
         bail!("{}: the node list has no GPUs", args.nodes.display());
@@ -141,29 +125,18 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         "simulating"
     );
 
-    let jobs: Vec<(PolicyKind, u64)> = policies
-        .iter()
-        .flat_map(|&p| seeds.iter().map(move |&s| (p, s)))
-        .collect();
+    let jobs: Vec<(PolicyKind, u64)> =
+        policies.iter().flat_map(|&p| seeds.iter().map(move |&s| (p, s))).collect();
     let bar = ProgressBar::new((jobs.len() * 1000) as u64);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {wide_bar} {percent}% ({eta} left)",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {percent}% ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads.unwrap_or(0))
-        .build()?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
     let results: Vec<InflationResult> = pool.install(|| {
         jobs.par_iter()
             .map(|&(policy, seed)| {
-                let config = InflationConfig {
-                    policy,
-                    inflate: args.inflate,
-                    seed,
-                    coverage: args.coverage,
-                };
+                let config = InflationConfig { policy, inflate: args.inflate, seed, coverage: args.coverage };
                 let mut reported = 0u64;
                 inflation::run(&nodes, &trace, &config, &mut |done, total| {
                     let permille = (done as u64 * 1000) / total.max(1) as u64;
@@ -175,30 +148,21 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     });
     bar.finish_and_clear();
 
-    let summaries: Vec<PolicySummary> = policies
-        .iter()
-        .map(|p| summarize(*p, &seeds, &results))
-        .collect();
+    let summaries: Vec<PolicySummary> = policies.iter().map(|p| summarize(*p, &seeds, &results)).collect();
     match args.output {
         Format::Json => println!("{}", serde_json::to_string_pretty(&summaries)?),
         Format::Table => print_table(&args, &seeds, &summaries, gpus, trace.len(), nodes.len()),
     }
     if let Some(out) = &args.out {
         write_outputs(out, &summaries, args.inflate)?;
-        eprintln!(
-            "wrote {0}/curve.csv, {0}/summary.json and {0}/allocation.svg",
-            out.display()
-        );
+        eprintln!("wrote {0}/curve.csv, {0}/summary.json and {0}/allocation.svg", out.display());
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn summarize(policy: PolicyKind, seeds: &[u64], results: &[InflationResult]) -> PolicySummary {
-    let runs: Vec<InflationResult> = results
-        .iter()
-        .filter(|r| r.policy == policy.as_str())
-        .cloned()
-        .collect();
+    let runs: Vec<InflationResult> =
+        results.iter().filter(|r| r.policy == policy.as_str()).cloned().collect();
     let n = runs.len().max(1) as f64;
     let mean = |f: &dyn Fn(&InflationResult) -> f64| runs.iter().map(f).sum::<f64>() / n;
     let mut by_pct: BTreeMap<u32, (f64, u32)> = BTreeMap::new();
@@ -218,10 +182,7 @@ fn summarize(policy: PolicyKind, seeds: &[u64], results: &[InflationResult]) -> 
         fragmentation_pct_at_end: mean(&|r| r.fragmentation_pct_at_end),
         curve: by_pct
             .into_iter()
-            .map(|(pct, (sum, k))| CurvePoint {
-                arrived_pct: pct,
-                allocated_pct: sum / f64::from(k),
-            })
+            .map(|(pct, (sum, k))| CurvePoint { arrived_pct: pct, allocated_pct: sum / f64::from(k) })
             .collect(),
         runs,
     }
@@ -243,10 +204,7 @@ fn print_table(
         seeds.len(),
         seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
     );
-    let fgd = summaries
-        .iter()
-        .find(|s| s.policy == "fgd")
-        .map(|s| 100.0 - s.allocated_pct_at_end);
+    let fgd = summaries.iter().find(|s| s.policy == "fgd").map(|s| 100.0 - s.allocated_pct_at_end);
     println!(
         "{:<12} {:>10} {:>10} {:>12} {:>10} {:>16}",
         "POLICY",
@@ -258,10 +216,7 @@ fn print_table(
     );
     for s in summaries {
         let vs_fgd = match fgd {
-            Some(f) if f > 0.0 => format!(
-                "{:+.1}%",
-                ((100.0 - s.allocated_pct_at_end) / f - 1.0) * 100.0
-            ),
+            Some(f) if f > 0.0 => format!("{:+.1}%", ((100.0 - s.allocated_pct_at_end) / f - 1.0) * 100.0),
             _ => "-".into(),
         };
         println!(
@@ -280,20 +235,14 @@ fn write_outputs(out: &PathBuf, summaries: &[PolicySummary], inflate: f64) -> an
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let csv_path = out.join("curve.csv");
     let mut csv = std::io::BufWriter::new(
-        std::fs::File::create(&csv_path)
-            .with_context(|| format!("creating {}", csv_path.display()))?,
+        std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?,
     );
     write!(csv, "arrived_pct")?;
     for s in summaries {
         write!(csv, ",{}", s.policy)?;
     }
     writeln!(csv)?;
-    let max_pct = summaries
-        .iter()
-        .flat_map(|s| s.curve.last())
-        .map(|p| p.arrived_pct)
-        .max()
-        .unwrap_or(0);
+    let max_pct = summaries.iter().flat_map(|s| s.curve.last()).map(|p| p.arrived_pct).max().unwrap_or(0);
     for pct in 0..=max_pct {
         write!(csv, "{pct}")?;
         for s in summaries {
@@ -311,13 +260,7 @@ fn write_outputs(out: &PathBuf, summaries: &[PolicySummary], inflate: f64) -> an
     let series: Vec<(String, Vec<(f64, f64)>)> = summaries
         .iter()
         .map(|s| {
-            (
-                s.policy.clone(),
-                s.curve
-                    .iter()
-                    .map(|p| (f64::from(p.arrived_pct), p.allocated_pct))
-                    .collect(),
-            )
+            (s.policy.clone(), s.curve.iter().map(|p| (f64::from(p.arrived_pct), p.allocated_pct)).collect())
         })
         .collect();
     super::plot::line_chart(

@@ -29,104 +29,43 @@ const fn spec(
     mig: Option<&'static MigGeometry>,
     nvlink: bool,
 ) -> GpuModelSpec {
-    GpuModelSpec {
-        name,
-        aliases,
-        memory_mib: memory_gib * 1024,
-        mig,
-        nvlink,
-    }
+    GpuModelSpec { name, aliases, memory_mib: memory_gib * 1024, mig, nvlink }
 }
 
 static MODELS: &[GpuModelSpec] = &[
-    spec(
-        "H200-141GB",
-        &["H200", "NVIDIA-H200"],
-        141,
-        Some(&mig::H200_141GB),
-        true,
-    ),
-    spec(
-        "H100-94GB",
-        &["H100-NVL", "NVIDIA-H100-NVL"],
-        94,
-        Some(&mig::H100_94GB),
-        true,
-    ),
+    spec("H200-141GB", &["H200", "NVIDIA-H200"], 141, Some(&mig::H200_141GB), true),
+    spec("H100-94GB", &["H100-NVL", "NVIDIA-H100-NVL"], 94, Some(&mig::H100_94GB), true),
     spec(
         "H100-80GB",
-        &[
-            "H100",
-            "NVIDIA-H100-80GB-HBM3",
-            "nvidia-h100-80gb",
-            "nvidia-h100-mega-80gb",
-        ],
+        &["H100", "NVIDIA-H100-80GB-HBM3", "nvidia-h100-80gb", "nvidia-h100-mega-80gb"],
         80,
         Some(&mig::H100_80GB),
         true,
     ),
     spec(
         "A100-80GB",
-        &[
-            "NVIDIA-A100-SXM4-80GB",
-            "NVIDIA-A100-80GB-PCIe",
-            "nvidia-a100-80gb",
-        ],
+        &["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "nvidia-a100-80gb"],
         80,
         Some(&mig::A100_80GB),
         true,
     ),
     spec(
         "A100-40GB",
-        &[
-            "A100",
-            "NVIDIA-A100-SXM4-40GB",
-            "NVIDIA-A100-PCIE-40GB",
-            "nvidia-tesla-a100",
-        ],
+        &["A100", "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB", "nvidia-tesla-a100"],
         40,
         Some(&mig::A100_40GB),
         true,
     ),
-    spec(
-        "A30-24GB",
-        &["A30", "NVIDIA-A30"],
-        24,
-        Some(&mig::A30_24GB),
-        false,
-    ),
+    spec("A30-24GB", &["A30", "NVIDIA-A30"], 24, Some(&mig::A30_24GB), false),
     spec("L40S", &["NVIDIA-L40S"], 48, None, false),
     spec("L40", &["NVIDIA-L40"], 48, None, false),
     spec("L4", &["NVIDIA-L4", "nvidia-l4"], 24, None, false),
     spec("A10G", &["NVIDIA-A10G"], 24, None, false),
     spec("A10", &["NVIDIA-A10"], 24, None, false),
     spec("T4", &["Tesla-T4", "nvidia-tesla-t4"], 16, None, false),
-    spec(
-        "V100-32GB",
-        &["V100M32", "Tesla-V100-SXM2-32GB"],
-        32,
-        None,
-        true,
-    ),
-    spec(
-        "V100-16GB",
-        &[
-            "V100M16",
-            "V100",
-            "Tesla-V100-SXM2-16GB",
-            "nvidia-tesla-v100",
-        ],
-        16,
-        None,
-        true,
-    ),
-    spec(
-        "P100",
-        &["Tesla-P100-PCIE-16GB", "nvidia-tesla-p100"],
-        16,
-        None,
-        false,
-    ),
+    spec("V100-32GB", &["V100M32", "Tesla-V100-SXM2-32GB"], 32, None, true),
+    spec("V100-16GB", &["V100M16", "V100", "Tesla-V100-SXM2-16GB", "nvidia-tesla-v100"], 16, None, true),
+    spec("P100", &["Tesla-P100-PCIE-16GB", "nvidia-tesla-p100"], 16, None, false),
     spec("K80", &["Tesla-K80", "nvidia-tesla-k80"], 12, None, false),
     // Alibaba-internal model names from the openb trace; their memory is not published.
     spec("G2", &[], 0, None, false),
@@ -149,8 +88,7 @@ impl GpuCatalog {
         let trimmed = name.trim();
         let base = trimmed.split("-MIG-").next().unwrap_or(trimmed);
         if let Some(found) = MODELS.iter().find(|m| {
-            m.name.eq_ignore_ascii_case(base)
-                || m.aliases.iter().any(|a| a.eq_ignore_ascii_case(base))
+            m.name.eq_ignore_ascii_case(base) || m.aliases.iter().any(|a| a.eq_ignore_ascii_case(base))
         }) {
             return Some(found);
         }
@@ -224,27 +162,9 @@ mod tests {
     #[test]
     fn mig_capable_models_carry_their_geometry() {
         let c = GpuCatalog;
-        assert!(c
-            .resolve("H100-80GB")
-            .unwrap()
-            .mig
-            .unwrap()
-            .profile("3g.40gb")
-            .is_some());
-        assert!(c
-            .resolve("A100-40GB")
-            .unwrap()
-            .mig
-            .unwrap()
-            .profile("3g.20gb")
-            .is_some());
-        assert!(c
-            .resolve("H200")
-            .unwrap()
-            .mig
-            .unwrap()
-            .profile("1g.18gb")
-            .is_some());
+        assert!(c.resolve("H100-80GB").unwrap().mig.unwrap().profile("3g.40gb").is_some());
+        assert!(c.resolve("A100-40GB").unwrap().mig.unwrap().profile("3g.20gb").is_some());
+        assert!(c.resolve("H200").unwrap().mig.unwrap().profile("1g.18gb").is_some());
         assert!(c.resolve("T4").unwrap().mig.is_none());
     }
 }

@@ -53,25 +53,13 @@ impl GpuDemand {
     /// GPU capacity the demand takes, in milli-GPU, for accounting and for sizing scale-ups.
     /// A memory-only fraction counts its share of `gpu_memory_mib`; a MIG instance its memory
     /// slices; a time-sliced replica `1000 / replicas_per_gpu`.
-    pub fn gpu_milli(
-        &self,
-        gpu_memory_mib: u64,
-        mig: Option<&MigGeometry>,
-        replicas_per_gpu: u32,
-    ) -> u64 {
+    pub fn gpu_milli(&self, gpu_memory_mib: u64, mig: Option<&MigGeometry>, replicas_per_gpu: u32) -> u64 {
         match self {
             GpuDemand::None => 0,
             GpuDemand::Whole { count } => u64::from(*count) * u64::from(GPU_MILLI),
-            GpuDemand::Fraction {
-                count,
-                milli,
-                memory_mib,
-            } => {
-                let by_memory = if gpu_memory_mib > 0 {
-                    memory_mib * u64::from(GPU_MILLI) / gpu_memory_mib
-                } else {
-                    0
-                };
+            GpuDemand::Fraction { count, milli, memory_mib } => {
+                let by_memory =
+                    if gpu_memory_mib > 0 { memory_mib * u64::from(GPU_MILLI) / gpu_memory_mib } else { 0 };
                 u64::from(*count) * u64::from(*milli).max(by_memory).min(u64::from(GPU_MILLI))
             }
             GpuDemand::Mig { profile, count } => {
@@ -94,16 +82,8 @@ impl GpuDemand {
         match self {
             GpuDemand::None => "no GPU".into(),
             GpuDemand::Whole { count } => format!("{count} GPU"),
-            GpuDemand::Fraction {
-                count,
-                milli,
-                memory_mib,
-            } => {
-                let mut s = if *count > 1 {
-                    format!("{count}x ")
-                } else {
-                    String::new()
-                };
+            GpuDemand::Fraction { count, milli, memory_mib } => {
+                let mut s = if *count > 1 { format!("{count}x ") } else { String::new() };
                 if *milli > 0 {
                     s.push_str(&format!("{:.2} GPU", f64::from(*milli) / 1000.0));
                 }

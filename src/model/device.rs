@@ -79,8 +79,7 @@ impl GpuDevice {
             GpuMode::Mig { instances, dynamic } => {
                 let Some(g) = geometry else { return 0 };
                 let slice = |i: &MigInstance| {
-                    g.profile(&i.placement.profile)
-                        .map_or(0, |p| u32::from(p.memory_slices))
+                    g.profile(&i.placement.profile).map_or(0, |p| u32::from(p.memory_slices))
                 };
                 let mut free: u32 = instances.iter().filter(|i| !i.used).map(slice).sum();
                 if *dynamic {

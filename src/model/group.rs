@@ -12,9 +12,7 @@ pub fn dollars(per_hour: f64) -> MicroDollarsPerHour {
 }
 
 /// On-demand or spot capacity.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, PartialOrd, Ord,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, PartialOrd, Ord)]
 #[serde(rename_all = "kebab-case")]
 pub enum CapacityType {
     /// Regular, non-interruptible instances.
@@ -103,19 +101,10 @@ impl NodeGroup {
         let live = self
             .instances
             .iter()
-            .filter(|i| {
-                !matches!(
-                    i.state,
-                    InstanceState::Failed { .. } | InstanceState::Terminating
-                )
-            })
+            .filter(|i| !matches!(i.state, InstanceState::Failed { .. } | InstanceState::Terminating))
             .count() as u32;
         self.target_size.saturating_sub(live.min(self.target_size))
-            + self
-                .instances
-                .iter()
-                .filter(|i| i.state == InstanceState::Pending)
-                .count() as u32
+            + self.instances.iter().filter(|i| i.state == InstanceState::Pending).count() as u32
     }
 
     /// Room left before `max_size`.

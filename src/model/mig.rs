@@ -114,55 +114,20 @@ macro_rules! eight_slot_geometry {
 }
 
 /// A100-SXM4/PCIE-40GB.
-pub static A100_40GB: MigGeometry = eight_slot_geometry!(
-    "1g.5gb",
-    "1g.5gb+me",
-    "1g.10gb",
-    "2g.10gb",
-    "3g.20gb",
-    "4g.20gb",
-    "7g.40gb"
-);
+pub static A100_40GB: MigGeometry =
+    eight_slot_geometry!("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb");
 /// A100-SXM4/PCIE-80GB.
-pub static A100_80GB: MigGeometry = eight_slot_geometry!(
-    "1g.10gb",
-    "1g.10gb+me",
-    "1g.20gb",
-    "2g.20gb",
-    "3g.40gb",
-    "4g.40gb",
-    "7g.80gb"
-);
+pub static A100_80GB: MigGeometry =
+    eight_slot_geometry!("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb");
 /// H100-SXM5/PCIE-80GB.
-pub static H100_80GB: MigGeometry = eight_slot_geometry!(
-    "1g.10gb",
-    "1g.10gb+me",
-    "1g.20gb",
-    "2g.20gb",
-    "3g.40gb",
-    "4g.40gb",
-    "7g.80gb"
-);
+pub static H100_80GB: MigGeometry =
+    eight_slot_geometry!("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb");
 /// H100-NVL-94GB.
-pub static H100_94GB: MigGeometry = eight_slot_geometry!(
-    "1g.12gb",
-    "1g.12gb+me",
-    "1g.24gb",
-    "2g.24gb",
-    "3g.47gb",
-    "4g.47gb",
-    "7g.94gb"
-);
+pub static H100_94GB: MigGeometry =
+    eight_slot_geometry!("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb");
 /// H200-141GB.
-pub static H200_141GB: MigGeometry = eight_slot_geometry!(
-    "1g.18gb",
-    "1g.18gb+me",
-    "1g.35gb",
-    "2g.35gb",
-    "3g.71gb",
-    "4g.71gb",
-    "7g.141gb"
-);
+pub static H200_141GB: MigGeometry =
+    eight_slot_geometry!("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb");
 /// A30-24GB: four memory slices and four compute slices.
 pub static A30_24GB: MigGeometry = MigGeometry {
     memory_slices: 4,
@@ -195,9 +160,7 @@ impl MigGeometry {
         for inst in layout {
             let profile = self
                 .profile(&inst.profile)
-                .ok_or_else(|| MigError::UnknownProfile {
-                    profile: inst.profile.clone(),
-                })?;
+                .ok_or_else(|| MigError::UnknownProfile { profile: inst.profile.clone() })?;
             if !profile.starts.contains(&inst.start) {
                 return Err(MigError::InvalidStart {
                     profile: inst.profile.clone(),
@@ -217,10 +180,7 @@ impl MigGeometry {
             media += usize::from(profile.media_extensions);
         }
         if compute > self.compute_slices {
-            return Err(MigError::ComputeExceeded {
-                needed: compute,
-                available: self.compute_slices,
-            });
+            return Err(MigError::ComputeExceeded { needed: compute, available: self.compute_slices });
         }
         if media > 1 {
             return Err(MigError::MediaExtensionsExceeded);
@@ -237,9 +197,7 @@ impl MigGeometry {
             return None;
         }
         if profile.media_extensions
-            && layout
-                .iter()
-                .any(|i| self.profile(&i.profile).is_some_and(|p| p.media_extensions))
+            && layout.iter().any(|i| self.profile(&i.profile).is_some_and(|p| p.media_extensions))
         {
             return None;
         }
@@ -291,24 +249,14 @@ impl MigGeometry {
         out
     }
 
-    fn extend_layouts(
-        &self,
-        from: usize,
-        current: &mut Vec<MigPlacement>,
-        out: &mut Vec<Vec<MigPlacement>>,
-    ) {
+    fn extend_layouts(&self, from: usize, current: &mut Vec<MigPlacement>, out: &mut Vec<Vec<MigPlacement>>) {
         let (occupied, compute) = self.occupancy(current).unwrap_or((0, 0));
         let mut extended = false;
-        for (pi, p) in self
-            .profiles
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| !p.media_extensions)
-        {
+        for (pi, p) in self.profiles.iter().enumerate().filter(|(_, p)| !p.media_extensions) {
             for &s in p.starts {
                 let key = pi * 16 + s as usize;
-                let fits = Self::mask(p, s) & occupied == 0
-                    && compute + p.compute_slices <= self.compute_slices;
+                let fits =
+                    Self::mask(p, s) & occupied == 0 && compute + p.compute_slices <= self.compute_slices;
                 if !fits {
                     continue;
                 }
@@ -316,10 +264,7 @@ impl MigGeometry {
                 if key < from {
                     continue;
                 }
-                current.push(MigPlacement {
-                    profile: p.name.to_string(),
-                    start: s,
-                });
+                current.push(MigPlacement { profile: p.name.to_string(), start: s });
                 self.extend_layouts(key, current, out);
                 current.pop();
             }
@@ -337,10 +282,7 @@ mod tests {
     use super::*;
 
     fn p(profile: &str, start: u8) -> MigPlacement {
-        MigPlacement {
-            profile: profile.into(),
-            start,
-        }
+        MigPlacement { profile: profile.into(), start }
     }
 
     #[test]
@@ -351,25 +293,10 @@ mod tests {
             vec![p("4g.20gb", 0), p("3g.20gb", 4)],
             vec![p("4g.20gb", 0), p("2g.10gb", 4), p("1g.5gb", 6)],
             vec![p("3g.20gb", 0), p("3g.20gb", 4)],
-            vec![
-                p("2g.10gb", 0),
-                p("2g.10gb", 2),
-                p("2g.10gb", 4),
-                p("1g.5gb", 6),
-            ],
+            vec![p("2g.10gb", 0), p("2g.10gb", 2), p("2g.10gb", 4), p("1g.5gb", 6)],
             (0..7).map(|s| p("1g.5gb", s)).collect(),
-            vec![
-                p("1g.10gb", 0),
-                p("1g.10gb", 2),
-                p("1g.10gb", 4),
-                p("1g.10gb", 6),
-            ],
-            vec![
-                p("3g.20gb", 4),
-                p("2g.10gb", 0),
-                p("1g.5gb", 2),
-                p("1g.5gb", 3),
-            ],
+            vec![p("1g.10gb", 0), p("1g.10gb", 2), p("1g.10gb", 4), p("1g.10gb", 6)],
+            vec![p("3g.20gb", 4), p("2g.10gb", 0), p("1g.5gb", 2), p("1g.5gb", 3)],
         ];
         for layout in valid {
             assert_eq!(A100_40GB.validate(&layout), Ok(()), "{layout:?}");
@@ -382,27 +309,19 @@ mod tests {
             A100_40GB.validate(&[p("3g.20gb", 2)]),
             Err(MigError::InvalidStart { start: 2, .. })
         ));
-        assert!(matches!(
-            A100_40GB.validate(&[p("4g.20gb", 4)]),
-            Err(MigError::InvalidStart { .. })
-        ));
+        assert!(matches!(A100_40GB.validate(&[p("4g.20gb", 4)]), Err(MigError::InvalidStart { .. })));
         assert!(matches!(
             A100_40GB.validate(&[p("4g.20gb", 0), p("3g.20gb", 0)]),
             Err(MigError::Overlap { .. })
         ));
         // 1g.5gb may not use the eighth memory slice.
-        assert!(matches!(
-            A100_40GB.validate(&[p("1g.5gb", 7)]),
-            Err(MigError::InvalidStart { .. })
-        ));
+        assert!(matches!(A100_40GB.validate(&[p("1g.5gb", 7)]), Err(MigError::InvalidStart { .. })));
         assert!(matches!(
             A100_40GB.validate(&[p("1g.5gb+me", 0), p("1g.5gb+me", 1)]),
             Err(MigError::MediaExtensionsExceeded)
         ));
         assert!(matches!(
-            A100_40GB
-                .validate(&[p("1g.10gb", 0)])
-                .and(A100_80GB.validate(&[p("1g.5gb", 0)])),
+            A100_40GB.validate(&[p("1g.10gb", 0)]).and(A100_80GB.validate(&[p("1g.5gb", 0)])),
             Err(MigError::UnknownProfile { .. })
         ));
     }
@@ -412,12 +331,7 @@ mod tests {
         // Eight memory slices but seven compute slices: 2g+2g+2g+1g.10gb is 7 compute, valid;
         // the memory is then full too.
         assert_eq!(
-            H100_80GB.validate(&[
-                p("2g.20gb", 0),
-                p("2g.20gb", 2),
-                p("2g.20gb", 4),
-                p("1g.20gb", 6)
-            ]),
+            H100_80GB.validate(&[p("2g.20gb", 0), p("2g.20gb", 2), p("2g.20gb", 4), p("1g.20gb", 6)]),
             Ok(())
         );
         assert_eq!(A100_40GB.compute_slices, 7);
@@ -426,35 +340,20 @@ mod tests {
     #[test]
     fn best_start_keeps_room_for_large_profiles() {
         // A 1g instance goes to the top, leaving slots 0-3 for a 4g or 3g.
-        let start = A100_40GB
-            .best_start(&[], A100_40GB.profile("1g.5gb").unwrap())
-            .unwrap();
+        let start = A100_40GB.best_start(&[], A100_40GB.profile("1g.5gb").unwrap()).unwrap();
         assert!(start >= 4, "1g placed at {start}");
         let layout = vec![p("1g.5gb", start)];
-        assert!(A100_40GB
-            .best_start(&layout, A100_40GB.profile("4g.20gb").unwrap())
-            .is_some());
+        assert!(A100_40GB.best_start(&layout, A100_40GB.profile("4g.20gb").unwrap()).is_some());
         // A full GPU takes nothing more.
-        assert_eq!(
-            A100_40GB.best_start(&[p("7g.40gb", 0)], A100_40GB.profile("1g.5gb").unwrap()),
-            None
-        );
+        assert_eq!(A100_40GB.best_start(&[p("7g.40gb", 0)], A100_40GB.profile("1g.5gb").unwrap()), None);
         // 3g.20gb next to a 4g must start at 4.
-        assert_eq!(
-            A100_40GB.best_start(&[p("4g.20gb", 0)], A100_40GB.profile("3g.20gb").unwrap()),
-            Some(4)
-        );
+        assert_eq!(A100_40GB.best_start(&[p("4g.20gb", 0)], A100_40GB.profile("3g.20gb").unwrap()), Some(4));
     }
 
     #[test]
     fn a30_has_four_slices() {
-        assert_eq!(
-            A30_24GB.validate(&[p("2g.12gb", 0), p("1g.6gb", 2), p("1g.6gb", 3)]),
-            Ok(())
-        );
-        assert!(A30_24GB
-            .validate(&[p("4g.24gb", 0), p("1g.6gb", 3)])
-            .is_err());
+        assert_eq!(A30_24GB.validate(&[p("2g.12gb", 0), p("1g.6gb", 2), p("1g.6gb", 3)]), Ok(()));
+        assert!(A30_24GB.validate(&[p("4g.24gb", 0), p("1g.6gb", 3)]).is_err());
     }
 
     #[test]
@@ -465,11 +364,7 @@ mod tests {
             for layout in &layouts {
                 assert_eq!(geometry.validate(layout), Ok(()), "{layout:?}");
                 for profile in geometry.profiles.iter().filter(|p| !p.media_extensions) {
-                    assert_eq!(
-                        geometry.best_start(layout, profile),
-                        None,
-                        "{layout:?} is not maximal"
-                    );
+                    assert_eq!(geometry.best_start(layout, profile), None, "{layout:?} is not maximal");
                 }
             }
         }

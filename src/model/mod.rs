@@ -16,9 +16,7 @@ mod workload;
 pub use catalog::{GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
-pub use group::{
-    dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup,
-};
+pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
 pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;

@@ -77,17 +77,9 @@ impl GpuTopology {
     /// The usual layout of an `n`-GPU server: NVSwitch (one domain) when `nvlink`, GPUs split
     /// evenly over two NUMA nodes when there are more than two.
     pub fn uniform(n: usize, nvlink: bool) -> Self {
-        let numa = if n > 2 {
-            (0..n).map(|i| (i * 2 / n) as u8).collect()
-        } else {
-            vec![]
-        };
+        let numa = if n > 2 { (0..n).map(|i| (i * 2 / n) as u8).collect() } else { vec![] };
         let nvlink_domain = if nvlink && n > 1 { vec![0; n] } else { vec![] };
-        Self {
-            numa,
-            nvlink_domain,
-            clique: None,
-        }
+        Self { numa, nvlink_domain, clique: None }
     }
 }
 
@@ -142,17 +134,12 @@ pub struct Node {
 impl Node {
     /// MIG geometry of the node's GPU model, if it has one.
     pub fn mig_geometry(&self) -> Option<&'static MigGeometry> {
-        self.gpu_model
-            .as_deref()
-            .and_then(|m| GpuCatalog.resolve(m))
-            .and_then(|m| m.mig)
+        self.gpu_model.as_deref().and_then(|m| GpuCatalog.resolve(m)).and_then(|m| m.mig)
     }
 
     /// CPU and memory still free.
     pub fn free(&self) -> Resources {
-        self.allocatable
-            .checked_sub(&self.allocated)
-            .unwrap_or_default()
+        self.allocatable.checked_sub(&self.allocated).unwrap_or_default()
     }
 
     /// Total GPU capacity in milli-GPU.
@@ -195,11 +182,7 @@ impl Node {
                     }
                 }
             }
-            DeviceAssignment::Fraction {
-                gpus,
-                milli,
-                memory_mib,
-            } => {
+            DeviceAssignment::Fraction { gpus, milli, memory_mib } => {
                 for &g in gpus {
                     if let Some(d) = self.gpus.get_mut(g as usize) {
                         adjust_u32(&mut d.used_milli, *milli);
@@ -216,19 +199,14 @@ impl Node {
                     let Some(d) = self.gpus.get_mut(*g as usize) else {
                         continue;
                     };
-                    let GpuMode::Mig {
-                        instances: configured,
-                        dynamic,
-                    } = &mut d.mode
-                    else {
+                    let GpuMode::Mig { instances: configured, dynamic } = &mut d.mode else {
                         continue;
                     };
                     match configured.iter_mut().find(|i| &i.placement == placement) {
                         Some(inst) => inst.used = add,
-                        None if add => configured.push(MigInstance {
-                            placement: placement.clone(),
-                            used: true,
-                        }),
+                        None if add => {
+                            configured.push(MigInstance { placement: placement.clone(), used: true })
+                        }
                         None => {}
                     }
                     if !add && *dynamic {

@@ -6,9 +6,7 @@ use serde::{Deserialize, Serialize};
 pub const GPU_MILLI: u32 = 1000;
 
 /// CPU and memory, in integer units so comparisons are exact.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, PartialOrd, Ord,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct Resources {
     /// CPU in thousandths of a core.
     pub cpu_milli: u64,
@@ -19,10 +17,7 @@ pub struct Resources {
 impl Resources {
     /// Builds resources from milli-CPU and MiB, the units of most traces.
     pub const fn new(cpu_milli: u64, memory_mib: u64) -> Self {
-        Self {
-            cpu_milli,
-            memory_bytes: memory_mib * 1024 * 1024,
-        }
+        Self { cpu_milli, memory_bytes: memory_mib * 1024 * 1024 }
     }
 
     /// True when `self` fits inside `capacity` in every dimension.
@@ -60,10 +55,7 @@ mod tests {
     fn subtraction_refuses_to_go_negative() {
         let cap = Resources::new(1000, 1024);
         assert_eq!(cap.checked_sub(&Resources::new(1001, 1)), None);
-        assert_eq!(
-            cap.checked_sub(&Resources::new(400, 24)),
-            Some(Resources::new(600, 1000))
-        );
+        assert_eq!(cap.checked_sub(&Resources::new(400, 24)), Some(Resources::new(600, 1000)));
         assert!(Resources::new(1000, 1024).fits_in(&cap));
         assert!(!Resources::new(1000, 1025).fits_in(&cap));
     }

@@ -49,10 +49,9 @@ impl NodeSelectorRequirement {
             SelectorOperator::Exists => value.is_some(),
             SelectorOperator::DoesNotExist => value.is_none(),
             SelectorOperator::Gt | SelectorOperator::Lt => {
-                let (Some(v), Some(bound)) = (
-                    value.and_then(|v| as_int(v)),
-                    self.values.first().and_then(|b| as_int(b)),
-                ) else {
+                let (Some(v), Some(bound)) =
+                    (value.and_then(|v| as_int(v)), self.values.first().and_then(|b| as_int(b)))
+                else {
                     return false;
                 };
                 if self.operator == SelectorOperator::Gt {
@@ -195,9 +194,7 @@ pub struct LabelSelector {
 impl LabelSelector {
     /// Whether labels satisfy the selector (an empty selector matches everything).
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
             && self.match_expressions.iter().all(|r| r.matches(labels))
     }
 }
@@ -226,14 +223,9 @@ impl Workload {
     /// Whether the node's labels, taints and GPU model allow the workload, regardless of free
     /// capacity. These are the static checks that can be decided once per node shape.
     pub fn allowed_on(&self, node: &Node) -> bool {
-        self.node_selector
-            .iter()
-            .all(|(k, v)| node.labels.get(k) == Some(v))
+        self.node_selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
             && (self.affinity_terms.is_empty()
-                || self
-                    .affinity_terms
-                    .iter()
-                    .any(|term| term.iter().all(|r| r.matches(&node.labels))))
+                || self.affinity_terms.iter().any(|term| term.iter().all(|r| r.matches(&node.labels))))
             && node
                 .taints
                 .iter()
@@ -241,10 +233,7 @@ impl Workload {
                 .all(|t| self.tolerations.iter().any(|tol| tol.tolerates(t)))
             && (self.gpu.is_none()
                 || self.gpu_models.is_empty()
-                || node
-                    .gpu_model
-                    .as_ref()
-                    .is_some_and(|m| self.gpu_models.contains(m)))
+                || node.gpu_model.as_ref().is_some_and(|m| self.gpu_models.contains(m)))
     }
 }
 
@@ -256,10 +245,7 @@ mod tests {
     fn node_with(labels: &[(&str, &str)], taints: Vec<Taint>) -> Node {
         Node {
             name: "n".into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             taints,
             gpu_model: Some("A100-40GB".into()),
             ..Default::default()
@@ -268,16 +254,10 @@ mod tests {
 
     #[test]
     fn taints_need_tolerations() {
-        let taint = Taint {
-            key: "nvidia.com/gpu".into(),
-            value: "present".into(),
-            effect: TaintEffect::NoSchedule,
-        };
+        let taint =
+            Taint { key: "nvidia.com/gpu".into(), value: "present".into(), effect: TaintEffect::NoSchedule };
         let node = node_with(&[], vec![taint]);
-        let mut w = Workload {
-            id: "a/b".into(),
-            ..Default::default()
-        };
+        let mut w = Workload { id: "a/b".into(), ..Default::default() };
         assert!(!w.allowed_on(&node));
         w.tolerations.push(Toleration {
             key: "nvidia.com/gpu".into(),
@@ -285,11 +265,7 @@ mod tests {
             ..Default::default()
         });
         assert!(w.allowed_on(&node));
-        let prefer = Taint {
-            key: "x".into(),
-            value: String::new(),
-            effect: TaintEffect::PreferNoSchedule,
-        };
+        let prefer = Taint { key: "x".into(), value: String::new(), effect: TaintEffect::PreferNoSchedule };
         assert!(Workload::default().allowed_on(&node_with(&[], vec![prefer])));
     }
 
@@ -322,14 +298,8 @@ mod tests {
     #[test]
     fn gpu_model_constraint_applies_only_to_gpu_workloads() {
         let node = node_with(&[], vec![]);
-        let mut w = Workload {
-            gpu_models: vec!["H100-80GB".into()],
-            ..Default::default()
-        };
-        assert!(
-            w.allowed_on(&node),
-            "CPU-only workload ignores the GPU model list"
-        );
+        let mut w = Workload { gpu_models: vec!["H100-80GB".into()], ..Default::default() };
+        assert!(w.allowed_on(&node), "CPU-only workload ignores the GPU model list");
         w.gpu = GpuDemand::Whole { count: 1 };
         assert!(!w.allowed_on(&node));
         w.gpu_models.push("A100-40GB".into());

@@ -87,14 +87,7 @@ pub enum ProviderError {
 impl ProviderError {
     /// Whether the same call may succeed if retried after a backoff.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            ProviderError::Throttled { .. }
-                | ProviderError::Api {
-                    retryable: true,
-                    ..
-                }
-        )
+        matches!(self, ProviderError::Throttled { .. } | ProviderError::Api { retryable: true, .. })
     }
 
     /// Class for metrics, events and backoff decisions.

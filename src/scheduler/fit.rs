@@ -62,48 +62,45 @@ pub fn candidates(node: &Node, workload: &Workload) -> Result<Vec<DeviceAssignme
     match &workload.gpu {
         GpuDemand::None => Ok(vec![DeviceAssignment::None]),
         GpuDemand::Whole { count } => whole(node, *count),
-        GpuDemand::Fraction {
-            count,
-            milli,
-            memory_mib,
-        } => fraction(node, *count, *milli, *memory_mib),
+        GpuDemand::Fraction { count, milli, memory_mib } => fraction(node, *count, *milli, *memory_mib),
         GpuDemand::Mig { profile, count } => mig(node, profile, *count),
         GpuDemand::Shared { count } => replicas(node, *count),
     }
 }
 
 fn standard_gpus(node: &Node) -> impl Iterator<Item = &crate::model::GpuDevice> {
-    node.gpus
-        .iter()
-        .filter(|d| matches!(d.mode, GpuMode::Standard))
+    node.gpus.iter().filter(|d| matches!(d.mode, GpuMode::Standard))
 }
 
 fn whole(node: &Node, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
-    if node
-        .gpus
-        .iter()
-        .any(|d| matches!(d.mode, GpuMode::TimeSliced { .. }))
-    {
+    if node.gpus.iter().any(|d| matches!(d.mode, GpuMode::TimeSliced { .. })) {
         // On a time-sliced node `nvidia.com/gpu` counts replicas.
         return replicas(node, count);
     }
-    if standard_gpus(node).count() < count as usize {
-        return Err(if node.gpus.is_empty() {
-            Unfit::NoSuchGpu
-        } else {
-            Unfit::InsufficientGpu
-        });
+    if let Some(profile) = single_strategy_profile(node) {
+        // MIG single strategy: `nvidia.com/gpu` counts MIG instances of the node's one profile.
+        return mig(node, &profile, count);
     }
-    let idle: Vec<u8> = standard_gpus(node)
-        .filter(|d| d.is_idle())
-        .map(|d| d.index)
-        .collect();
+    if standard_gpus(node).count() < count as usize {
+        return Err(if node.gpus.is_empty() { Unfit::NoSuchGpu } else { Unfit::InsufficientGpu });
+    }
+    let idle: Vec<u8> = standard_gpus(node).filter(|d| d.is_idle()).map(|d| d.index).collect();
     if idle.len() < count as usize {
         return Err(Unfit::InsufficientGpu);
     }
-    Ok(vec![DeviceAssignment::Whole {
-        gpus: select_connected(node, &idle, count as usize),
-    }])
+    Ok(vec![DeviceAssignment::Whole { gpus: select_connected(node, &idle, count as usize) }])
+}
+
+/// The MIG profile that `nvidia.com/gpu` stands for on a node using the device plugin's MIG
+/// `single` strategy.
+fn single_strategy_profile(node: &Node) -> Option<String> {
+    if node.labels.get("nvidia.com/mig.strategy").map(String::as_str) != Some("single") {
+        return None;
+    }
+    node.gpus.iter().find_map(|d| match &d.mode {
+        GpuMode::Mig { instances, .. } => instances.first().map(|i| i.placement.profile.clone()),
+        _ => None,
+    })
 }
 
 /// Picks `k` of the `idle` GPUs, preferring one NVLink domain and one NUMA node, and among those
@@ -113,51 +110,32 @@ pub fn select_connected(node: &Node, idle: &[u8], k: usize) -> Vec<u8> {
         return Vec::new();
     }
     let topo = &node.topology;
-    let keys: [&dyn Fn(u8) -> (Option<u8>, u8); 3] = [
-        &|g| (topo.nvlink_of(g), topo.numa_of(g)),
-        &|g| (topo.nvlink_of(g), 0),
-        &|g| (None, topo.numa_of(g)),
-    ];
+    let keys: [&dyn Fn(u8) -> (Option<u8>, u8); 3] =
+        [&|g| (topo.nvlink_of(g), topo.numa_of(g)), &|g| (topo.nvlink_of(g), 0), &|g| {
+            (None, topo.numa_of(g))
+        }];
     for key in keys {
         let mut groups: BTreeMap<(Option<u8>, u8), Vec<u8>> = BTreeMap::new();
         for &g in idle {
             groups.entry(key(g)).or_default().push(g);
         }
-        if let Some(group) = groups
-            .values()
-            .filter(|g| g.len() >= k)
-            .min_by_key(|g| g.len())
-        {
+        if let Some(group) = groups.values().filter(|g| g.len() >= k).min_by_key(|g| g.len()) {
             return group[..k].to_vec();
         }
     }
     idle[..k].to_vec()
 }
 
-fn fraction(
-    node: &Node,
-    count: u32,
-    milli: u32,
-    memory_mib: u64,
-) -> Result<Vec<DeviceAssignment>, Unfit> {
+fn fraction(node: &Node, count: u32, milli: u32, memory_mib: u64) -> Result<Vec<DeviceAssignment>, Unfit> {
     if standard_gpus(node).next().is_none() {
-        return Err(if node.gpus.is_empty() {
-            Unfit::NoSuchGpu
-        } else {
-            Unfit::NoSuchGpu
-        });
+        return Err(if node.gpus.is_empty() { Unfit::NoSuchGpu } else { Unfit::NoSuchGpu });
     }
-    let fitting: Vec<&crate::model::GpuDevice> = standard_gpus(node)
-        .filter(|d| d.fits_fraction(milli, memory_mib))
-        .collect();
+    let fitting: Vec<&crate::model::GpuDevice> =
+        standard_gpus(node).filter(|d| d.fits_fraction(milli, memory_mib)).collect();
     if fitting.len() < count as usize {
         return Err(Unfit::InsufficientGpu);
     }
-    let assignment = |gpus: Vec<u8>| DeviceAssignment::Fraction {
-        gpus,
-        milli,
-        memory_mib,
-    };
+    let assignment = |gpus: Vec<u8>| DeviceAssignment::Fraction { gpus, milli, memory_mib };
     if count == 1 {
         // One candidate per distinct GPU state; the policy chooses among them.
         let mut seen: Vec<(u32, u64)> = Vec::new();
@@ -174,9 +152,7 @@ fn fraction(
     // Several shares: the fullest GPUs that still fit, keeping idle GPUs whole.
     let mut sorted = fitting;
     sorted.sort_by_key(|d| (GPU_MILLI - d.used_milli, d.index));
-    Ok(vec![assignment(
-        sorted[..count as usize].iter().map(|d| d.index).collect(),
-    )])
+    Ok(vec![assignment(sorted[..count as usize].iter().map(|d| d.index).collect())])
 }
 
 fn mig(node: &Node, profile_name: &str, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
@@ -198,20 +174,14 @@ fn mig(node: &Node, profile_name: &str, count: u32) -> Result<Vec<DeviceAssignme
             .filter(|i| !i.used && i.placement.profile == profile_name)
             .map(|i| i.placement.clone())
             .collect();
-        any_mig |= *dynamic
-            || instances
-                .iter()
-                .any(|i| i.placement.profile == profile_name);
+        any_mig |= *dynamic || instances.iter().any(|i| i.placement.profile == profile_name);
         if *dynamic {
             let mut layout: Vec<_> = instances.iter().map(|i| i.placement.clone()).collect();
             while offers.len() < count as usize {
                 let Some(start) = geometry.best_start(&layout, profile) else {
                     break;
                 };
-                let p = crate::model::mig::MigPlacement {
-                    profile: profile_name.to_string(),
-                    start,
-                };
+                let p = crate::model::mig::MigPlacement { profile: profile_name.to_string(), start };
                 layout.push(p.clone());
                 offers.push(p);
             }
@@ -246,9 +216,7 @@ fn replicas(node: &Node, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
         .gpus
         .iter()
         .filter_map(|d| match d.mode {
-            GpuMode::TimeSliced { replicas } => {
-                Some((replicas.saturating_sub(d.used_replicas), d.index))
-            }
+            GpuMode::TimeSliced { replicas } => Some((replicas.saturating_sub(d.used_replicas), d.index)),
             _ => None,
         })
         .collect();

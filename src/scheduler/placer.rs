@@ -8,8 +8,7 @@
 use super::fit::Unfit;
 use super::policy::{Policy, TieBreak};
 use crate::model::{
-    DeviceAssignment, GpuDemand, Node, NodeId, NodeSelectorRequirement, Resources, Toleration,
-    Workload,
+    DeviceAssignment, GpuDemand, Node, NodeId, NodeSelectorRequirement, Resources, Toleration, Workload,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -83,14 +82,7 @@ impl<'p> Placer<'p> {
         for (position, &node) in order.iter().enumerate() {
             rank[node] = position as u32;
         }
-        Self {
-            nodes,
-            policy,
-            shapes: HashMap::new(),
-            scores: Vec::new(),
-            rank,
-            rng,
-        }
+        Self { nodes, policy, shapes: HashMap::new(), scores: Vec::new(), rank, rng }
     }
 
     /// The nodes, with the placements made so far.
@@ -116,15 +108,37 @@ impl<'p> Placer<'p> {
         Some(self.scores.len() - 1)
     }
 
+    /// Adds a node (e.g. one a scale-up would create) and returns its id.
+    pub fn add_node(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node);
+        for column in &mut self.scores {
+            column.push(Cached::Unknown);
+        }
+        self.rank.push(self.rank.len() as u32);
+        self.nodes.len() - 1
+    }
+
     /// Finds the best node for `workload` without placing it. On failure, returns the most
     /// common reason among nodes (for reporting).
     pub fn find(&mut self, workload: &Workload) -> Result<Placement, Unfit> {
+        self.find_where(workload, &|_| true)
+    }
+
+    /// Like [`Placer::find`], among the nodes `allowed` accepts.
+    pub fn find_where(
+        &mut self,
+        workload: &Workload,
+        allowed: &dyn Fn(NodeId) -> bool,
+    ) -> Result<Placement, Unfit> {
         let shape = self.shape_index(workload);
         let mut best = f64::NEG_INFINITY;
         let mut chosen: Option<NodeId> = None;
         let mut ties = 0u32;
         let mut reasons: BTreeMap<Unfit, usize> = BTreeMap::new();
         for id in 0..self.nodes.len() {
+            if !allowed(id) {
+                continue;
+            }
             let verdict = match shape.map(|s| self.scores[s][id]) {
                 Some(Cached::Unknown) | None => {
                     let v = match self.policy.evaluate(&self.nodes[id], workload) {
@@ -174,7 +188,16 @@ impl<'p> Placer<'p> {
 
     /// Places `workload` on its best node and records the allocation.
     pub fn place(&mut self, workload: &Workload) -> Result<Placement, Unfit> {
-        let placement = self.find(workload)?;
+        self.place_where(workload, &|_| true)
+    }
+
+    /// Like [`Placer::place`], among the nodes `allowed` accepts.
+    pub fn place_where(
+        &mut self,
+        workload: &Workload,
+        allowed: &dyn Fn(NodeId) -> bool,
+    ) -> Result<Placement, Unfit> {
+        let placement = self.find_where(workload, allowed)?;
         self.commit(workload, &placement);
         Ok(placement)
     }

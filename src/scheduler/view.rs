@@ -59,18 +59,11 @@ impl FreeView {
         match devices {
             DeviceAssignment::None => {}
             DeviceAssignment::Whole { gpus } => gpus.iter().for_each(|&g| sub(g, GPU_MILLI)),
-            DeviceAssignment::Fraction {
-                gpus,
-                milli,
-                memory_mib,
-            } => {
+            DeviceAssignment::Fraction { gpus, milli, memory_mib } => {
                 for &g in gpus {
                     let gpu_mem = node.gpus.get(g as usize).map_or(0, |d| d.memory_mib);
-                    let by_mem = if gpu_mem > 0 {
-                        (memory_mib * u64::from(GPU_MILLI) / gpu_mem) as u32
-                    } else {
-                        0
-                    };
+                    let by_mem =
+                        if gpu_mem > 0 { (memory_mib * u64::from(GPU_MILLI) / gpu_mem) as u32 } else { 0 };
                     sub(g, (*milli).max(by_mem));
                 }
             }
@@ -79,9 +72,8 @@ impl FreeView {
                     return;
                 };
                 for (g, placement) in instances {
-                    let slices = geometry
-                        .profile(&placement.profile)
-                        .map_or(0, |p| u32::from(p.memory_slices));
+                    let slices =
+                        geometry.profile(&placement.profile).map_or(0, |p| u32::from(p.memory_slices));
                     sub(*g, slices * GPU_MILLI / u32::from(geometry.memory_slices));
                 }
             }

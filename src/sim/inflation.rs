@@ -25,12 +25,7 @@ pub struct InflationConfig {
 
 impl Default for InflationConfig {
     fn default() -> Self {
-        Self {
-            policy: PolicyKind::Gpuscale,
-            inflate: 1.3,
-            seed: 42,
-            coverage: 0.95,
-        }
+        Self { policy: PolicyKind::Gpuscale, inflate: 1.3, seed: 42, coverage: 0.95 }
     }
 }
 
@@ -119,11 +114,8 @@ pub fn run(
     let sequence = arrivals(trace, capacity, config.inflate, &mut rng);
     let target = TargetWorkload::from_workloads(trace, config.coverage);
     let policy = config.policy.build(&ClusterScale::of(nodes), &target);
-    let mut placer = Placer::new(
-        nodes.to_vec(),
-        policy.as_ref(),
-        config.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
+    let mut placer =
+        Placer::new(nodes.to_vec(), policy.as_ref(), config.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
 
     let mut arrived = 0u64;
     let mut allocated = 0u64;
@@ -143,8 +135,8 @@ pub fn run(
                 failed_gpu_milli += demand;
             }
         }
-        let bin = round_half_even(arrived as f64 * 100.0 / capacity.max(1) as f64)
-            .min(max_bin as f64) as usize;
+        let bin =
+            round_half_even(arrived as f64 * 100.0 / capacity.max(1) as f64).min(max_bin as f64) as usize;
         bins[bin].0 += allocated as f64 * 100.0 / capacity.max(1) as f64;
         bins[bin].1 += 1;
         if i % 256 == 0 || i + 1 == total {
@@ -156,27 +148,16 @@ pub fn run(
         .filter_map(|x| {
             let (sum, n) = bins[x];
             if n > 0 {
-                return Some(CurvePoint {
-                    arrived_pct: x as u32,
-                    allocated_pct: sum / f64::from(n),
-                });
+                return Some(CurvePoint { arrived_pct: x as u32, allocated_pct: sum / f64::from(n) });
             }
             // An empty bin (a large task jumped over it): neighbours' mean, as the paper does.
             let (s, c) = bins[x.saturating_sub(1)..=(x + 1).min(max_bin)]
                 .iter()
                 .fold((0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-            (c > 0).then(|| CurvePoint {
-                arrived_pct: x as u32,
-                allocated_pct: s / f64::from(c),
-            })
+            (c > 0).then(|| CurvePoint { arrived_pct: x as u32, allocated_pct: s / f64::from(c) })
         })
         .collect();
-    let at = |pct: u32| {
-        curve
-            .iter()
-            .find(|p| p.arrived_pct == pct)
-            .map_or(f64::NAN, |p| p.allocated_pct)
-    };
+    let at = |pct: u32| curve.iter().find(|p| p.arrived_pct == pct).map_or(f64::NAN, |p| p.allocated_pct);
     let frag = crate::scheduler::policy::Fragmentation::new(target);
     let fragmentation: f64 = placer
         .nodes()

@@ -1,8 +1,6 @@
 //! The Alibaba `openb` GPU-sharing trace (cluster-trace-gpu-v2023): node and pod lists as CSV.
 
-use crate::model::{
-    GpuCatalog, GpuDemand, GpuDevice, GpuTopology, Node, Resources, Workload, GPU_MILLI,
-};
+use crate::model::{GpuCatalog, GpuDemand, GpuDevice, GpuTopology, Node, Resources, Workload, GPU_MILLI};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -119,27 +117,15 @@ struct Row<'a> {
 
 impl Rows {
     fn open(path: &Path, required: &[&'static str]) -> Result<Self, TraceError> {
-        let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-            path: path.into(),
-            source,
-        })?;
-        let mut reader = csv::ReaderBuilder::new()
-            .flexible(false)
-            .trim(csv::Trim::All)
-            .from_reader(file);
+        let file =
+            std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.into(), source })?;
+        let mut reader = csv::ReaderBuilder::new().flexible(false).trim(csv::Trim::All).from_reader(file);
         let header = reader
             .headers()
-            .map_err(|e| TraceError::Csv {
-                path: path.into(),
-                line: 1,
-                message: e.to_string(),
-            })?
+            .map_err(|e| TraceError::Csv { path: path.into(), line: 1, message: e.to_string() })?
             .clone();
-        let columns: HashMap<String, usize> = header
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.to_string(), i))
-            .collect();
+        let columns: HashMap<String, usize> =
+            header.iter().enumerate().map(|(i, h)| (h.to_string(), i)).collect();
         for &column in required {
             if !columns.contains_key(column) {
                 return Err(TraceError::MissingColumn {
@@ -149,17 +135,10 @@ impl Rows {
                 });
             }
         }
-        Ok(Self {
-            path: path.into(),
-            columns,
-            reader,
-        })
+        Ok(Self { path: path.into(), columns, reader })
     }
 
-    fn for_each(
-        &mut self,
-        mut f: impl FnMut(Row<'_>) -> Result<(), TraceError>,
-    ) -> Result<(), TraceError> {
+    fn for_each(&mut self, mut f: impl FnMut(Row<'_>) -> Result<(), TraceError>) -> Result<(), TraceError> {
         let mut any = false;
         for result in self.reader.records() {
             let record = result.map_err(|e| TraceError::Csv {
@@ -169,29 +148,19 @@ impl Rows {
             })?;
             let line = record.position().map_or(0, |p| p.line());
             any = true;
-            f(Row {
-                path: &self.path,
-                line,
-                record,
-                columns: &self.columns,
-            })?;
+            f(Row { path: &self.path, line, record, columns: &self.columns })?;
         }
         if any {
             Ok(())
         } else {
-            Err(TraceError::Empty {
-                path: self.path.clone(),
-            })
+            Err(TraceError::Empty { path: self.path.clone() })
         }
     }
 }
 
 impl Row<'_> {
     fn raw(&self, field: &'static str) -> &str {
-        self.columns
-            .get(field)
-            .and_then(|&i| self.record.get(i))
-            .unwrap_or("")
+        self.columns.get(field).and_then(|&i| self.record.get(i)).unwrap_or("")
     }
 
     fn error(&self, field: &'static str, message: impl Into<String>) -> TraceError {
@@ -212,8 +181,7 @@ impl Row<'_> {
         if raw.starts_with('-') {
             return Err(self.error(field, "must not be negative"));
         }
-        raw.parse::<u64>()
-            .map_err(|_| self.error(field, "not a whole number"))
+        raw.parse::<u64>().map_err(|_| self.error(field, "not a whole number"))
     }
 
     fn optional_uint(&self, field: &'static str) -> Result<Option<u64>, TraceError> {
@@ -243,13 +211,9 @@ pub fn read_nodes(path: &Path) -> Result<Vec<Node>, TraceError> {
         }
         let gpus = row.uint("gpu")?;
         if gpus > crate::scheduler::MAX_GPUS_PER_NODE as u64 {
-            return Err(row.error(
-                "gpu",
-                format!(
-                    "more than {} GPUs per node",
-                    crate::scheduler::MAX_GPUS_PER_NODE
-                ),
-            ));
+            return Err(
+                row.error("gpu", format!("more than {} GPUs per node", crate::scheduler::MAX_GPUS_PER_NODE))
+            );
         }
         let model = if gpus > 0 || !row.raw("model").is_empty() {
             Some(row.model("model", row.raw("model"))?)
@@ -261,9 +225,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<Node>, TraceError> {
         nodes.push(Node {
             name,
             allocatable: Resources::new(row.uint("cpu_milli")?, row.uint("memory_mib")?),
-            gpus: (0..gpus)
-                .map(|i| GpuDevice::standard(i as u8, memory))
-                .collect(),
+            gpus: (0..gpus).map(|i| GpuDevice::standard(i as u8, memory)).collect(),
             topology: GpuTopology::default(),
             gpu_model: model,
             ..Default::default()
@@ -276,10 +238,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<Node>, TraceError> {
 /// Reads a pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,pod_phase,
 /// creation_time,deletion_time,scheduled_time]`).
 pub fn read_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
-    let mut rows = Rows::open(
-        path,
-        &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"],
-    )?;
+    let mut rows = Rows::open(path, &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"])?;
     let mut pods = Vec::new();
     rows.for_each(|row| {
         let name = row.raw("name").to_string();
@@ -296,17 +255,10 @@ pub fn read_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
         }
         let gpu = match (num_gpu, gpu_milli) {
             (0, _) => GpuDemand::None,
-            (1, 0) => {
-                return Err(row.error(
-                    "gpu_milli",
-                    "a 1-GPU task needs gpu_milli between 1 and 1000",
-                ))
+            (1, 0) => return Err(row.error("gpu_milli", "a 1-GPU task needs gpu_milli between 1 and 1000")),
+            (1, m) if m < u64::from(GPU_MILLI) => {
+                GpuDemand::Fraction { count: 1, milli: m as u32, memory_mib: 0 }
             }
-            (1, m) if m < u64::from(GPU_MILLI) => GpuDemand::Fraction {
-                count: 1,
-                milli: m as u32,
-                memory_mib: 0,
-            },
             (n, _) => GpuDemand::Whole { count: n as u32 },
         };
         let mut gpu_models = Vec::new();
@@ -355,9 +307,7 @@ mod tests {
 
     #[test]
     fn reads_nodes_and_pods() {
-        let nodes = file(
-            "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,393216,8,G2\n",
-        );
+        let nodes = file("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,393216,8,G2\n");
         let nodes = read_nodes(nodes.path()).unwrap();
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes[1].gpus.len(), 8);
@@ -369,14 +319,7 @@ mod tests {
              p2,8000,30517,2,1000,V100M16|V100M32,LS,Running,5,,5\n",
         );
         let pods = read_pods(pods.path()).unwrap();
-        assert_eq!(
-            pods[0].workload.gpu,
-            GpuDemand::Fraction {
-                count: 1,
-                milli: 460,
-                memory_mib: 0
-            }
-        );
+        assert_eq!(pods[0].workload.gpu, GpuDemand::Fraction { count: 1, milli: 460, memory_mib: 0 });
         assert_eq!(pods[1].workload.gpu, GpuDemand::None);
         assert_eq!(pods[2].workload.gpu, GpuDemand::Whole { count: 2 });
         assert_eq!(pods[2].workload.gpu_models, vec!["V100-16GB", "V100-32GB"]);
@@ -386,14 +329,10 @@ mod tests {
 
     #[test]
     fn bad_rows_name_file_line_and_field() {
-        let f =
-            file("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,-5,10,0,0\n");
+        let f = file("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,-5,10,0,0\n");
         let err = read_pods(f.path()).unwrap_err().to_string();
         assert!(err.contains(&f.path().display().to_string()), "{err}");
-        assert!(
-            err.contains("line 3") && err.contains("cpu_milli") && err.contains("\"-5\""),
-            "{err}"
-        );
+        assert!(err.contains("line 3") && err.contains("cpu_milli") && err.contains("\"-5\""), "{err}");
 
         let f = file("name,cpu_milli,memory_mib,num_gpu\np0,1000,10,1\n");
         let err = read_pods(f.path()).unwrap_err().to_string();
@@ -401,26 +340,16 @@ mod tests {
 
         let f = file("sn,cpu_milli,memory_mib,gpu,model\nn0,1000,10,2,Z9000\n");
         let err = read_nodes(f.path()).unwrap_err().to_string();
-        assert!(
-            err.contains("line 2") && err.contains("field model") && err.contains("Z9000"),
-            "{err}"
-        );
+        assert!(err.contains("line 2") && err.contains("field model") && err.contains("Z9000"), "{err}");
 
-        let f =
-            file("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,10,1,500,T4|X1\n");
+        let f = file("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,10,1,500,T4|X1\n");
         let err = read_pods(f.path()).unwrap_err().to_string();
         assert!(err.contains("gpu_spec") && err.contains("X1"), "{err}");
 
         let f = file("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,1500\n");
-        assert!(read_pods(f.path())
-            .unwrap_err()
-            .to_string()
-            .contains("at most 1000"));
+        assert!(read_pods(f.path()).unwrap_err().to_string().contains("at most 1000"));
 
         let f = file("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10\n");
-        assert!(read_pods(f.path())
-            .unwrap_err()
-            .to_string()
-            .contains("line 2"));
+        assert!(read_pods(f.path()).unwrap_err().to_string().contains("line 2"));
     }
 }

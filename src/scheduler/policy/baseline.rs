@@ -46,8 +46,7 @@ impl Policy for BestFit {
         let free = FreeView::of(node);
         let cpu_left = free.cpu_milli as f64 - workload.requests.cpu_milli as f64;
         let gpu_left = f64::from(free.gpu_free_total()) - gpu_request(&workload.gpu);
-        let left =
-            0.5 * cpu_left / self.scale.max_cpu_milli + 0.5 * gpu_left / self.scale.max_gpu_milli;
+        let left = 0.5 * cpu_left / self.scale.max_cpu_milli + 0.5 * gpu_left / self.scale.max_gpu_milli;
         Ok((((1.0 - left) * 100.0).trunc(), devices))
     }
 }
@@ -112,11 +111,7 @@ impl Policy for GpuPacking {
                 left_of_used += i64::from(g) * 100 / i64::from(GPU_MILLI);
             }
         }
-        let score = if free_used > 0 {
-            (50 - free_used).max(33)
-        } else {
-            (100 - left_of_used / 10).max(50)
-        };
+        let score = if free_used > 0 { (50 - free_used).max(33) } else { (100 - left_of_used / 10).max(50) };
         Ok((score as f64, devices))
     }
 }

@@ -38,12 +38,7 @@ impl Fragmentation {
         let mut cpu_steps: Vec<u64> = target.shapes.iter().map(|s| s.cpu_milli).collect();
         cpu_steps.sort_unstable();
         cpu_steps.dedup();
-        Self {
-            target,
-            cpu_steps,
-            models: RefCell::new(Vec::new()),
-            memo: RefCell::new(HashMap::new()),
-        }
+        Self { target, cpu_steps, models: RefCell::new(Vec::new()), memo: RefCell::new(HashMap::new()) }
     }
 
     /// The expected workload.
@@ -66,12 +61,7 @@ impl Fragmentation {
         gpus[..view.gpu_count as usize].sort_unstable();
         // Free CPU matters only through which shape requests it covers.
         let cpu_step = self.cpu_steps.partition_point(|&c| c <= view.cpu_milli) as u16;
-        let key = FragKey {
-            model: self.model_index(model),
-            cpu_step,
-            gpu_count: view.gpu_count,
-            gpus,
-        };
+        let key = FragKey { model: self.model_index(model), cpu_step, gpu_count: view.gpu_count, gpus };
         if let Some(&f) = self.memo.borrow().get(&key) {
             return f;
         }
@@ -90,16 +80,10 @@ impl Fragmentation {
             let usable = shape.gpu_milli > 0
                 && shape.accepts_model(model)
                 && cpu_free >= shape.cpu_milli
-                && gpus
-                    .iter()
-                    .filter(|&&g| u32::from(g) >= shape.gpu_milli)
-                    .count()
+                && gpus.iter().filter(|&&g| u32::from(g) >= shape.gpu_milli).count()
                     >= shape.gpu_count as usize;
             let lost: u32 = if usable {
-                gpus.iter()
-                    .map(|&g| u32::from(g))
-                    .filter(|&g| g < shape.gpu_milli)
-                    .sum()
+                gpus.iter().map(|&g| u32::from(g)).filter(|&g| g < shape.gpu_milli).sum()
             } else {
                 idle
             };
@@ -118,9 +102,7 @@ pub struct Fgd {
 impl Fgd {
     /// FGD for an expected workload.
     pub fn new(target: TargetWorkload) -> Self {
-        Self {
-            frag: Fragmentation::new(target),
-        }
+        Self { frag: Fragmentation::new(target) }
     }
 }
 
@@ -182,9 +164,7 @@ mod tests {
             name: "n".into(),
             allocatable: Resources::new(cpu, 1 << 20),
             gpu_model: Some("T4".into()),
-            gpus: (0..gpus_used.len())
-                .map(|i| GpuDevice::standard(i as u8, 16384))
-                .collect(),
+            gpus: (0..gpus_used.len()).map(|i| GpuDevice::standard(i as u8, 16384)).collect(),
             ..Default::default()
         };
         for (d, &u) in n.gpus.iter_mut().zip(gpus_used) {
@@ -195,17 +175,12 @@ mod tests {
 
     #[test]
     fn fragmentation_counts_gpu_room_too_small_for_the_shape() {
-        let f = Fragmentation::new(TargetWorkload {
-            shapes: vec![shape(1000, 500, 1, 1.0)],
-        });
+        let f = Fragmentation::new(TargetWorkload { shapes: vec![shape(1000, 500, 1, 1.0)] });
         // GPU 0 has 300 free (too small for 500), GPU 1 is full, GPU 2 has 1000 free.
         let n = node(&[700, 1000, 0], 8000);
         assert_eq!(f.of(Some("T4"), &FreeView::of(&n)), 300.0);
         // Without enough CPU for the shape, all free GPU is lost.
-        let starved = FreeView {
-            cpu_milli: 500,
-            ..FreeView::of(&n)
-        };
+        let starved = FreeView { cpu_milli: 500, ..FreeView::of(&n) };
         assert_eq!(f.of(Some("T4"), &starved), 1300.0);
     }
 
@@ -214,28 +189,15 @@ mod tests {
         // Half-GPU tasks expected. Placing a 0.5 share on the half-used GPU leaves nothing lost;
         // placing it on the free GPU would leave 0.5 free there, still usable, but the other
         // GPU's 0.5 stays too. Both are frag-neutral; a 0.6 share shows the difference.
-        let f = Fgd::new(TargetWorkload {
-            shapes: vec![shape(1000, 500, 1, 1.0)],
-        });
+        let f = Fgd::new(TargetWorkload { shapes: vec![shape(1000, 500, 1, 1.0)] });
         let n = node(&[400, 0], 8000);
         let w = Workload {
             requests: Resources::new(1000, 1),
-            gpu: GpuDemand::Fraction {
-                count: 1,
-                milli: 600,
-                memory_mib: 0,
-            },
+            gpu: GpuDemand::Fraction { count: 1, milli: 600, memory_mib: 0 },
             ..Default::default()
         };
         let (_, devices) = f.evaluate(&n, &w).unwrap();
         // On GPU 0 (600 free) it fills the GPU exactly; on GPU 1 it would leave 400 (< 500, lost).
-        assert_eq!(
-            devices,
-            DeviceAssignment::Fraction {
-                gpus: vec![0],
-                milli: 600,
-                memory_mib: 0
-            }
-        );
+        assert_eq!(devices, DeviceAssignment::Fraction { gpus: vec![0], milli: 600, memory_mib: 0 });
     }
 }

@@ -35,14 +35,9 @@ impl GpuscalePolicy {
     pub fn new(target: TargetWorkload) -> Self {
         let gpu_shapes = || target.shapes.iter().filter(|s| s.gpu_milli > 0);
         let cpu: f64 = gpu_shapes().map(|s| s.weight * s.cpu_milli as f64).sum();
-        let gpu: f64 = gpu_shapes()
-            .map(|s| s.weight * f64::from(s.gpu_milli * s.gpu_count))
-            .sum();
+        let gpu: f64 = gpu_shapes().map(|s| s.weight * f64::from(s.gpu_milli * s.gpu_count)).sum();
         let cpu_per_gpu_milli = if gpu > 0.0 { cpu / gpu } else { 0.0 };
-        Self {
-            frag: Fragmentation::new(target),
-            cpu_per_gpu_milli,
-        }
+        Self { frag: Fragmentation::new(target), cpu_per_gpu_milli }
     }
 
     /// Free GPU capacity (milli) that the node's free CPU cannot feed at the expected ratio.
@@ -62,11 +57,7 @@ impl Policy for GpuscalePolicy {
     fn evaluate(&self, node: &Node, workload: &Workload) -> Result<(f64, DeviceAssignment), Unfit> {
         let stranded_before = self.stranded(&FreeView::of(node));
         let is_empty = node.allocated.cpu_milli == 0 && node.gpus.iter().all(|g| g.is_idle());
-        let opening_cost = if is_empty {
-            OPEN_NODE_COST * node.gpu_milli_capacity() as f64
-        } else {
-            0.0
-        };
+        let opening_cost = if is_empty { OPEN_NODE_COST * node.gpu_milli_capacity() as f64 } else { 0.0 };
         best_by_frag_delta(&self.frag, node, workload, |frag_delta, after, _| {
             -(frag_delta + self.stranded(after) - stranded_before + opening_cost) / 1000.0
         })
@@ -84,9 +75,7 @@ mod tests {
             name: name.into(),
             allocatable: Resources::new(cpu, 1 << 20),
             gpu_model: Some("T4".into()),
-            gpus: (0..gpus)
-                .map(|i| GpuDevice::standard(i as u8, 16384))
-                .collect(),
+            gpus: (0..gpus).map(|i| GpuDevice::standard(i as u8, 16384)).collect(),
             ..Default::default()
         }
     }
@@ -111,10 +100,7 @@ mod tests {
         // 8 GPUs with 96 cores is exactly 12 cores per GPU; 2 GPUs with 104 cores has spare CPU.
         let dense = gpu_node("dense", 96_000, 8);
         let rich = gpu_node("rich", 104_000, 2);
-        let cpu_task = Workload {
-            requests: Resources::new(16_000, 1),
-            ..Default::default()
-        };
+        let cpu_task = Workload { requests: Resources::new(16_000, 1), ..Default::default() };
         let (on_dense, _) = p.evaluate(&dense, &cpu_task).unwrap();
         let (on_rich, _) = p.evaluate(&rich, &cpu_task).unwrap();
         assert!(on_rich > on_dense, "rich {on_rich} dense {on_dense}");
@@ -125,10 +111,7 @@ mod tests {
         let p = policy();
         let empty = gpu_node("empty", 96_000, 8);
         let mut used = gpu_node("used", 96_000, 8);
-        used.allocate(
-            &Resources::new(12_000, 1),
-            &DeviceAssignment::Whole { gpus: vec![0] },
-        );
+        used.allocate(&Resources::new(12_000, 1), &DeviceAssignment::Whole { gpus: vec![0] });
         let task = Workload {
             requests: Resources::new(12_000, 1),
             gpu: GpuDemand::Whole { count: 1 },

@@ -113,13 +113,10 @@ impl FromStr for PolicyKind {
             "gpupacking" | "packing" => "gpu-packing",
             other => other,
         };
-        PolicyKind::ALL
-            .into_iter()
-            .find(|p| p.as_str() == alias)
-            .ok_or_else(|| {
-                let names: Vec<_> = PolicyKind::ALL.iter().map(|p| p.as_str()).collect();
-                format!("unknown policy {s:?}; expected one of {}", names.join(", "))
-            })
+        PolicyKind::ALL.into_iter().find(|p| p.as_str() == alias).ok_or_else(|| {
+            let names: Vec<_> = PolicyKind::ALL.iter().map(|p| p.as_str()).collect();
+            format!("unknown policy {s:?}; expected one of {}", names.join(", "))
+        })
     }
 }
 
@@ -142,22 +139,10 @@ pub struct ClusterScale {
 impl ClusterScale {
     /// Scale of a set of nodes.
     pub fn of(nodes: &[Node]) -> Self {
-        let max_cpu = nodes
-            .iter()
-            .map(|n| n.allocatable.cpu_milli)
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let max_gpu = nodes
-            .iter()
-            .map(|n| n.gpu_milli_capacity())
-            .max()
-            .unwrap_or(0)
-            .max(u64::from(GPU_MILLI));
-        Self {
-            max_cpu_milli: max_cpu as f64,
-            max_gpu_milli: max_gpu as f64,
-        }
+        let max_cpu = nodes.iter().map(|n| n.allocatable.cpu_milli).max().unwrap_or(1).max(1);
+        let max_gpu =
+            nodes.iter().map(|n| n.gpu_milli_capacity()).max().unwrap_or(0).max(u64::from(GPU_MILLI));
+        Self { max_cpu_milli: max_cpu as f64, max_gpu_milli: max_gpu as f64 }
     }
 }
 
@@ -166,9 +151,9 @@ impl ClusterScale {
 pub fn best_fit_devices(node: &Node, workload: &Workload) -> Result<DeviceAssignment, Unfit> {
     let candidates = fit::candidates(node, workload)?;
     let free_of = |a: &DeviceAssignment| match a {
-        DeviceAssignment::Fraction { gpus, .. } => gpus
-            .first()
-            .map_or(0, |&g| node.gpus[g as usize].free_milli(None)),
+        DeviceAssignment::Fraction { gpus, .. } => {
+            gpus.first().map_or(0, |&g| node.gpus[g as usize].free_milli(None))
+        }
         _ => 0,
     };
     let mut best: Option<(u32, DeviceAssignment)> = None;

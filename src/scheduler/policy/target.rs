@@ -56,12 +56,7 @@ impl TargetWorkload {
                 GpuDemand::Fraction { count, milli, .. } => ((*milli).max(1), *count),
                 GpuDemand::Mig { .. } | GpuDemand::Shared { .. } => continue,
             };
-            let key = (
-                w.requests.cpu_milli,
-                gpu_milli,
-                gpu_count,
-                w.gpu_models.join("|"),
-            );
+            let key = (w.requests.cpu_milli, gpu_milli, gpu_count, w.gpu_models.join("|"));
             let entry = counts.entry(key).or_default();
             entry.0 += 1;
             *entry.1.entry(w.requests.memory_bytes).or_default() += 1;
@@ -70,10 +65,7 @@ impl TargetWorkload {
         let mut list: Vec<(ShapeKey, u64, u64)> = counts
             .into_iter()
             .map(|(k, (n, mems))| {
-                let mem = mems
-                    .into_iter()
-                    .max_by_key(|&(m, c)| (c, m))
-                    .map_or(0, |(m, _)| m);
+                let mem = mems.into_iter().max_by_key(|&(m, c)| (c, m)).map_or(0, |(m, _)| m);
                 (k, n, mem)
             })
             .collect();
@@ -115,27 +107,14 @@ mod tests {
     use crate::model::Resources;
 
     fn w(cpu: u64, gpu: GpuDemand) -> Workload {
-        Workload {
-            requests: Resources::new(cpu, 1024),
-            gpu,
-            ..Default::default()
-        }
+        Workload { requests: Resources::new(cpu, 1024), gpu, ..Default::default() }
     }
 
     #[test]
     fn keeps_the_most_frequent_shapes_up_to_the_coverage() {
         let mut ws = vec![];
         ws.extend((0..60).map(|_| w(4000, GpuDemand::Whole { count: 1 })));
-        ws.extend((0..30).map(|_| {
-            w(
-                2000,
-                GpuDemand::Fraction {
-                    count: 1,
-                    milli: 500,
-                    memory_mib: 0,
-                },
-            )
-        }));
+        ws.extend((0..30).map(|_| w(2000, GpuDemand::Fraction { count: 1, milli: 500, memory_mib: 0 })));
         ws.extend((0..10).map(|_| w(1000, GpuDemand::None)));
         let t = TargetWorkload::from_workloads(&ws, 0.9);
         assert_eq!(t.shapes.len(), 2);
