@@ -1,0 +1,148 @@
+//! The simulated cluster a plan is made on: existing nodes, nodes on their way, and the running
+//! pods on them.
+
+use crate::model::{ClusterSnapshot, DeviceAssignment, InstanceState, Node, NodeGroup, NodeState, Workload};
+use crate::scheduler::{fit, Placement, Placer};
+use std::collections::HashMap;
+
+/// Where a simulated node comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Registered and ready.
+    Ready,
+    /// Registered but booting or waiting for its GPUs (counts as capacity on its way).
+    Initializing,
+    /// Requested from the cloud (target size above registered nodes), not registered yet.
+    Upcoming,
+    /// Added by this plan's scale-up.
+    New,
+}
+
+/// Per simulated node: its group and where it comes from.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    /// Index into the plan's groups, if the node belongs to a managed group.
+    pub group: Option<usize>,
+    /// Origin.
+    pub origin: Origin,
+    /// Workloads (indexes into the snapshot) on the node, with their devices.
+    pub pods: Vec<(usize, DeviceAssignment)>,
+}
+
+/// Finds the group a node belongs to: by provider id among the group's instances, else by the
+/// node-group label against the group name (the last segment of the group id).
+pub fn group_of(node: &Node, groups: &[NodeGroup]) -> Option<usize> {
+    if let Some(pid) = &node.provider_id {
+        if let Some(i) = groups.iter().position(|g| g.instances.iter().any(|inst| &inst.id == pid)) {
+            return Some(i);
+        }
+    }
+    let label = node.node_group.as_deref()?;
+    groups.iter().position(|g| {
+        g.id.rsplit('/').next() == Some(label)
+            && node.instance_type.as_deref().is_none_or(|t| t == g.instance_type)
+    })
+}
+
+/// A node as the group's template describes it, named for the plan.
+pub fn template_node(group: &NodeGroup, name: String, state: NodeState) -> Node {
+    let mut node = group.template.clone();
+    node.name = name;
+    node.node_group = Some(group.id.rsplit('/').next().unwrap_or(&group.id).to_string());
+    node.instance_type = Some(group.instance_type.clone());
+    node.state = state;
+    node
+}
+
+/// Builds the placer and node bookkeeping for a snapshot and its groups.
+pub fn build<'p>(
+    snapshot: &ClusterSnapshot,
+    groups: &[NodeGroup],
+    policy: &'p dyn crate::scheduler::Policy,
+    seed: u64,
+    warnings: &mut Vec<String>,
+) -> (Placer<'p>, Vec<NodeInfo>) {
+    let mut nodes = Vec::with_capacity(snapshot.nodes.len());
+    let mut info = Vec::with_capacity(snapshot.nodes.len());
+    let mut registered = vec![0u32; groups.len()];
+    for node in &snapshot.nodes {
+        let group = group_of(node, groups);
+        let mut node = node.clone();
+        let mut origin = Origin::Ready;
+        if node.state == NodeState::Initializing {
+            origin = Origin::Initializing;
+            // GPUs not yet advertised: plan with the GPUs its group's instances carry.
+            if let Some(g) = group.map(|g| &groups[g]) {
+                if node.gpus.is_empty() && !g.template.gpus.is_empty() {
+                    node.gpus = g.template.gpus.clone();
+                    node.gpu_model = g.template.gpu_model.clone();
+                    node.topology = g.template.topology.clone();
+                }
+            }
+        }
+        if let Some(g) = group {
+            if node.state != NodeState::Deleting {
+                registered[g] += 1;
+            }
+        }
+        nodes.push(node);
+        info.push(NodeInfo { group, origin, pods: Vec::new() });
+    }
+    for (gi, g) in groups.iter().enumerate() {
+        let failed =
+            g.instances.iter().filter(|i| matches!(i.state, InstanceState::Failed { .. })).count() as u32;
+        let upcoming = g.target_size.saturating_sub(registered[gi] + failed);
+        for k in 0..upcoming {
+            let name = format!("{}-upcoming-{}", g.id.rsplit('/').next().unwrap_or(&g.id), k + 1);
+            nodes.push(template_node(g, name, NodeState::Upcoming));
+            info.push(NodeInfo { group: Some(gi), origin: Origin::Upcoming, pods: Vec::new() });
+        }
+    }
+    let by_name: HashMap<&str, usize> =
+        snapshot.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let mut placer = Placer::new(nodes, policy, seed);
+    for (wi, w) in snapshot.workloads.iter().enumerate() {
+        let Some(node_name) = &w.node_name else { continue };
+        let Some(&ni) = by_name.get(node_name.as_str()) else {
+            warnings.push(format!("pod {} is bound to node {node_name}, which is not in the snapshot", w.id));
+            continue;
+        };
+        let devices = running_devices(&placer.nodes()[ni], w, warnings);
+        placer.commit(w, &Placement { node: ni, devices: devices.clone() });
+        info[ni].pods.push((wi, devices));
+    }
+    (placer, info)
+}
+
+/// Devices a running pod holds. The API does not say which GPU a pod got, so this replays the
+/// device choice; a pod that no longer fits (over-committed node) keeps its CPU and memory only.
+fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> DeviceAssignment {
+    let mut relaxed = w.clone();
+    // Already admitted: the node's taints, selectors and current CPU use must not reject it.
+    relaxed.tolerations.push(crate::model::Toleration {
+        operator: crate::model::TolerationOperator::Exists,
+        ..Default::default()
+    });
+    relaxed.node_selector.clear();
+    relaxed.affinity_terms.clear();
+    relaxed.gpu_models.clear();
+    relaxed.requests = Default::default();
+    let mut free_node = node.clone();
+    free_node.unschedulable = false;
+    free_node.state = NodeState::Ready;
+    match fit::candidates(&free_node, &relaxed) {
+        Ok(c) => c.into_iter().next().unwrap_or_default(),
+        Err(reason) => {
+            if !w.gpu.is_none() {
+                warnings.push(format!(
+                    "pod {} on {} asks for {} but the node has no room for it ({})",
+                    w.id,
+                    node.name,
+                    w.gpu.describe(),
+                    reason.as_str()
+                ));
+            }
+            DeviceAssignment::None
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The planner: from a cluster snapshot and its node groups to a scaling plan.
+//!
+//! Pure: it reads a snapshot and returns a [`Plan`]; actuation is someone else's job. The steps
+//! follow how a cluster operator reasons:
+//! 1. Which pending pods fit the nodes that exist or are on their way ([`cluster`]).
+//! 2. The cheapest node-group growth for the rest, gangs all-or-nothing ([`scale_up`]).
+//! 3. Which under-used nodes can go because their pods fit elsewhere, and which expensive nodes a
+//!    cheaper one can replace ([`scale_down`]).
+
+pub mod cluster;
+mod plan;
+mod scale_down;
+mod scale_up;
+
+pub use plan::{Kept, PendingPlacement, Plan, Replace, ScaleDown, ScaleUp, Unschedulable};
+
+use crate::model::{ClusterSnapshot, NodeGroup, Workload};
+use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
+use cluster::Origin;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What the planner looks at.
+#[derive(Debug, Clone, Default)]
+pub struct PlanInput {
+    /// The cluster.
+    pub snapshot: ClusterSnapshot,
+    /// Node groups the autoscaler manages, with current target sizes.
+    pub groups: Vec<NodeGroup>,
+    /// Groups not to grow now (recent capacity errors, backoff), with the reason.
+    pub unavailable: BTreeMap<String, String>,
+}
+
+/// Planner knobs (the `planner:` section of the config file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PlannerSettings {
+    /// Placement policy for pending pods.
+    pub policy: PolicyKind,
+    /// Seed for tie-breaks.
+    pub seed: u64,
+    /// Whether to remove under-used nodes.
+    pub scale_down: bool,
+    /// A node is a scale-down candidate below this utilisation (GPU allocation for GPU nodes,
+    /// max of CPU and memory otherwise).
+    pub scale_down_utilization: f64,
+    /// Whether to replace nodes by cheaper ones.
+    pub consolidation: bool,
+    /// Most nodes one plan may add.
+    pub max_new_nodes: u32,
+}
+
+impl Default for PlannerSettings {
+    fn default() -> Self {
+        Self {
+            policy: PolicyKind::Gpuscale,
+            seed: 42,
+            scale_down: true,
+            scale_down_utilization: 0.5,
+            consolidation: true,
+            max_new_nodes: 1000,
+        }
+    }
+}
+
+/// A unit of pending work: one pod, or a gang placed all-or-nothing.
+#[derive(Debug, Clone)]
+pub(crate) struct Unit {
+    /// Snapshot indexes of the pods.
+    pub pods: Vec<usize>,
+    /// Members that must be placed together (gang minimum).
+    pub required: usize,
+    /// Node label all members must share.
+    pub topology_key: Option<String>,
+    /// Gang id, for reasons.
+    pub gang: Option<String>,
+}
+
+/// Groups pending pods into units, highest priority first, then oldest, then by name.
+fn pending_units(workloads: &[Workload]) -> Vec<Unit> {
+    let mut pending: Vec<usize> = (0..workloads.len()).filter(|&i| workloads[i].node_name.is_none()).collect();
+    pending.sort_by(|&a, &b| {
+        let (x, y) = (&workloads[a], &workloads[b]);
+        y.priority.cmp(&x.priority).then(x.created_at.cmp(&y.created_at)).then(x.id.cmp(&y.id))
+    });
+    let mut units: Vec<Unit> = Vec::new();
+    let mut gang_unit: BTreeMap<&str, usize> = BTreeMap::new();
+    for i in pending {
+        let w = &workloads[i];
+        match &w.gang {
+            Some(g) => match gang_unit.get(g.as_str()) {
+                Some(&u) => units[u].pods.push(i),
+                None => {
+                    gang_unit.insert(g, units.len());
+                    units.push(Unit {
+                        pods: vec![i],
+                        required: 0,
+                        topology_key: w.gang_topology_key.clone(),
+                        gang: Some(g.clone()),
+                    });
+                }
+            },
+            None => units.push(Unit { pods: vec![i], required: 1, topology_key: None, gang: None }),
+        }
+    }
+    // A gang needs its minimum, counting members already running.
+    for u in units.iter_mut().filter(|u| u.gang.is_some()) {
+        let gang = u.gang.as_deref();
+        let running = workloads.iter().filter(|w| w.gang.as_deref() == gang && w.node_name.is_some()).count();
+        let min = u.pods.iter().find_map(|&i| workloads[i].gang_min_members).map(|m| m as usize);
+        u.required = min.map_or(u.pods.len(), |m| m.saturating_sub(running).min(u.pods.len()));
+    }
+    units
+}
+
+/// Makes the plan.
+pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
+    let mut out = Plan::default();
+    let snapshot = &input.snapshot;
+    let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
+    let mut scale_nodes: Vec<_> = snapshot.nodes.clone();
+    scale_nodes.extend(input.groups.iter().map(|g| g.template.clone()));
+    let policy = settings.policy.build(&ClusterScale::of(&scale_nodes), &target);
+    let (mut placer, mut info) =
+        cluster::build(snapshot, &input.groups, policy.as_ref(), settings.seed, &mut out.warnings);
+    out.cost_before = input.groups.iter().map(|g| u64::from(g.target_size) * g.price).sum();
+
+    // 1. Pending pods onto existing and in-flight capacity.
+    let mut unplaced: Vec<Unit> = Vec::new();
+    for unit in pending_units(&snapshot.workloads) {
+        match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, &|_| true) {
+            Some(placed) => {
+                for (wi, p) in placed {
+                    let origin = info[p.node].origin;
+                    out.placements.push(PendingPlacement {
+                        pod: snapshot.workloads[wi].id.clone(),
+                        node: placer.nodes()[p.node].name.clone(),
+                        devices: p.devices.clone(),
+                        node_in_flight: origin != Origin::Ready,
+                    });
+                    info[p.node].pods.push((wi, p.devices));
+                }
+            }
+            None => unplaced.push(unit),
+        }
+    }
+
+    // 2. Scale-up for the rest.
+    let ups = scale_up::plan(&mut placer, &mut info, input, &unplaced, settings.max_new_nodes);
+    out.unschedulable = ups.unschedulable;
+    out.scale_ups = ups.scale_ups;
+
+    // 3. Scale-down and consolidation, only when nothing waits for new capacity.
+    if settings.scale_down {
+        let waiting: BTreeSet<&str> = out.unschedulable.iter().map(|u| u.pod.as_str()).collect();
+        let downs = scale_down::plan(&mut placer, &mut info, input, settings, !waiting.is_empty() || !out.scale_ups.is_empty());
+        out.scale_downs = downs.scale_downs;
+        out.replacements = downs.replacements;
+        out.kept = downs.kept;
+    }
+    let added: u64 = out.scale_ups.iter().map(|s| s.cost_per_hour).sum();
+    let saved: u64 = out.scale_downs.iter().map(|s| s.saving_per_hour).sum::<u64>()
+        + out.replacements.iter().map(|r| r.saving_per_hour).sum::<u64>();
+    out.cost_after = (out.cost_before + added).saturating_sub(saved);
+    out
+}

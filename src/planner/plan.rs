@@ -1,0 +1,201 @@
+//! The output of planning: actions with their reasons, and what they cost.
+
+use crate::model::{dollars, DeviceAssignment, MicroDollarsPerHour};
+use serde::Serialize;
+use std::fmt::Write;
+
+/// A pending pod that fits capacity that exists or is already on its way.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingPlacement {
+    /// Pod `namespace/name`.
+    pub pod: String,
+    /// Node it fits on.
+    pub node: String,
+    /// Devices it would get.
+    pub devices: DeviceAssignment,
+    /// The node is still booting or waiting for its GPUs to be advertised.
+    pub node_in_flight: bool,
+}
+
+/// Grow a node group.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScaleUp {
+    /// Node group id.
+    pub group: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// Current target size.
+    pub from: u32,
+    /// New target size (absolute, so retries are idempotent).
+    pub to: u32,
+    /// Pending pods the new nodes are for.
+    pub pods: Vec<String>,
+    /// Why this group.
+    pub reason: String,
+    /// Added cost per hour.
+    pub cost_per_hour: MicroDollarsPerHour,
+}
+
+/// Remove one node (drain it, then delete its instance).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScaleDown {
+    /// Node name.
+    pub node: String,
+    /// Node group id.
+    pub group: String,
+    /// Cloud instance id, when known.
+    pub instance: Option<String>,
+    /// Pods that move, with the node each would move to.
+    pub moves: Vec<(String, String)>,
+    /// Why.
+    pub reason: String,
+    /// Saved cost per hour.
+    pub saving_per_hour: MicroDollarsPerHour,
+}
+
+/// Replace a node by a cheaper one that holds all its pods.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replace {
+    /// Node to remove.
+    pub node: String,
+    /// Its group.
+    pub group: String,
+    /// Group to add one node to.
+    pub replacement_group: String,
+    /// Pods that move to the replacement.
+    pub pods: Vec<String>,
+    /// Saved cost per hour.
+    pub saving_per_hour: MicroDollarsPerHour,
+}
+
+/// A pending pod no action can serve.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unschedulable {
+    /// Pod `namespace/name`.
+    pub pod: String,
+    /// Why (the `NotTriggerScaleUp` reason).
+    pub reason: String,
+}
+
+/// A node that stays although it is under-used, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Kept {
+    /// Node name.
+    pub node: String,
+    /// Why it is not removed.
+    pub reason: String,
+}
+
+/// The scaling plan for one snapshot.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Plan {
+    /// Pending pods that fit existing or in-flight capacity.
+    pub placements: Vec<PendingPlacement>,
+    /// Groups to grow.
+    pub scale_ups: Vec<ScaleUp>,
+    /// Nodes to remove.
+    pub scale_downs: Vec<ScaleDown>,
+    /// Nodes to replace by cheaper ones.
+    pub replacements: Vec<Replace>,
+    /// Pending pods nothing can serve.
+    pub unschedulable: Vec<Unschedulable>,
+    /// Under-used nodes that stay, with the reason.
+    pub kept: Vec<Kept>,
+    /// Cost per hour of the node groups now (target sizes).
+    pub cost_before: MicroDollarsPerHour,
+    /// Cost per hour after the plan.
+    pub cost_after: MicroDollarsPerHour,
+    /// Non-fatal notes about the input.
+    pub warnings: Vec<String>,
+}
+
+fn usd(micro: MicroDollarsPerHour) -> String {
+    format!("${:.2}/h", micro as f64 / dollars(1.0) as f64)
+}
+
+impl Plan {
+    /// True when the plan changes nothing in the cloud.
+    pub fn is_noop(&self) -> bool {
+        self.scale_ups.is_empty() && self.scale_downs.is_empty() && self.replacements.is_empty()
+    }
+
+    /// One line per action, sorted, for people.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let list = |pods: &[String]| {
+            if pods.len() <= 4 {
+                pods.join(", ")
+            } else {
+                format!("{}, … (+{} more)", pods[..3].join(", "), pods.len() - 3)
+            }
+        };
+        for a in &self.scale_ups {
+            let _ = writeln!(
+                out,
+                "SCALE-UP      {:<28} {} → {} (+{}) {}  +{}  for {} pod(s): {}\n              reason: {}",
+                a.group,
+                a.from,
+                a.to,
+                a.to - a.from,
+                a.instance_type,
+                usd(a.cost_per_hour),
+                a.pods.len(),
+                list(&a.pods),
+                a.reason
+            );
+        }
+        for a in &self.scale_downs {
+            let moves: Vec<String> = a.moves.iter().map(|(p, n)| format!("{p} → {n}")).collect();
+            let _ = writeln!(
+                out,
+                "SCALE-DOWN    {:<28} node {}  -{}  {}{}",
+                a.group,
+                a.node,
+                usd(a.saving_per_hour),
+                a.reason,
+                if moves.is_empty() { String::new() } else { format!("; moves {}", list(&moves)) }
+            );
+        }
+        for a in &self.replacements {
+            let _ = writeln!(
+                out,
+                "REPLACE       {:<28} node {} by 1 node of {}  -{}  ({} pod(s) move)",
+                a.group,
+                a.node,
+                a.replacement_group,
+                usd(a.saving_per_hour),
+                a.pods.len()
+            );
+        }
+        for p in &self.placements {
+            let _ = writeln!(
+                out,
+                "FITS          {:<28} on {}{}",
+                p.pod,
+                p.node,
+                if p.node_in_flight { " (in flight)" } else { "" }
+            );
+        }
+        for u in &self.unschedulable {
+            let _ = writeln!(out, "UNSCHEDULABLE {:<28} {}", u.pod, u.reason);
+        }
+        for k in &self.kept {
+            let _ = writeln!(out, "KEEP          {:<28} {}", k.node, k.reason);
+        }
+        for w in &self.warnings {
+            let _ = writeln!(out, "WARNING       {w}");
+        }
+        if self.is_noop() && self.placements.is_empty() && self.unschedulable.is_empty() {
+            let _ = writeln!(out, "nothing to do");
+        }
+        let _ = writeln!(
+            out,
+            "COST          {} → {} ({}{})",
+            usd(self.cost_before),
+            usd(self.cost_after),
+            if self.cost_after >= self.cost_before { "+" } else { "-" },
+            usd(self.cost_after.abs_diff(self.cost_before))
+        );
+        out
+    }
+}

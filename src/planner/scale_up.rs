@@ -1,0 +1,274 @@
+//! Scale-up: the cheapest node-group growth that fits the pending pods existing capacity cannot.
+
+use super::cluster::{template_node, NodeInfo, Origin};
+use super::plan::{ScaleUp, Unschedulable};
+use super::{PlanInput, Unit};
+use crate::model::{GpuDemand, Node, NodeGroup, NodeId, NodeState, Workload, GPU_MILLI};
+use crate::scheduler::{fit, Placement, Placer};
+use std::collections::BTreeMap;
+
+/// How many following pending pods the packing estimate of a new node looks at.
+const LOOKAHEAD: usize = 64;
+
+/// Places a unit among the nodes `allowed` accepts: a pod, or a gang all-or-nothing (within one
+/// topology domain when it asks for one). Returns the placements, or `None` (and nothing placed).
+pub(crate) fn place_unit(
+    placer: &mut Placer<'_>,
+    workloads: &[Workload],
+    unit: &Unit,
+    allowed: &dyn Fn(NodeId) -> bool,
+) -> Option<Vec<(usize, Placement)>> {
+    let Some(key) = &unit.topology_key else { return place_members(placer, workloads, unit, allowed) };
+    let labels: Vec<Option<String>> = placer.nodes().iter().map(|n| n.labels.get(key).cloned()).collect();
+    let mut domains: Vec<&str> =
+        labels.iter().enumerate().filter(|(n, _)| allowed(*n)).filter_map(|(_, l)| l.as_deref()).collect();
+    domains.sort_unstable();
+    domains.dedup();
+    for domain in domains {
+        let in_domain = |n: NodeId| allowed(n) && labels.get(n).and_then(|l| l.as_deref()) == Some(domain);
+        if let Some(placed) = place_members(placer, workloads, unit, &in_domain) {
+            return Some(placed);
+        }
+    }
+    None
+}
+
+fn place_members(
+    placer: &mut Placer<'_>,
+    workloads: &[Workload],
+    unit: &Unit,
+    allowed: &dyn Fn(NodeId) -> bool,
+) -> Option<Vec<(usize, Placement)>> {
+    let mut placed = Vec::with_capacity(unit.pods.len());
+    for &wi in &unit.pods {
+        if let Ok(p) = placer.place_where(&workloads[wi], allowed) {
+            placed.push((wi, p));
+        }
+    }
+    if placed.len() >= unit.required.clamp(1, unit.pods.len().max(1)) {
+        return Some(placed);
+    }
+    for (wi, p) in &placed {
+        placer.release(&workloads[*wi], p);
+    }
+    None
+}
+
+/// Result of the scale-up step.
+pub(crate) struct ScaleUps {
+    pub scale_ups: Vec<ScaleUp>,
+    pub unschedulable: Vec<Unschedulable>,
+}
+
+/// GPU demand of a pod in milli-GPU on a node of this template.
+fn gpu_milli(w: &Workload, template: &Node) -> f64 {
+    let mem = template.gpus.first().map_or(0, |g| g.memory_mib);
+    let replicas = template
+        .gpus
+        .first()
+        .map(|g| match g.mode {
+            crate::model::GpuMode::TimeSliced { replicas } => replicas,
+            _ => 1,
+        })
+        .unwrap_or(1);
+    w.gpu.gpu_milli(mem, template.mig_geometry(), replicas) as f64
+}
+
+/// The largest share of the template's capacity the pod takes (CPU, memory or GPU).
+fn dominant_share(w: &Workload, template: &Node) -> f64 {
+    let cpu = w.requests.cpu_milli as f64 / template.allocatable.cpu_milli.max(1) as f64;
+    let mem = w.requests.memory_bytes as f64 / template.allocatable.memory_bytes.max(1) as f64;
+    let gpu = if matches!(w.gpu, GpuDemand::None) {
+        0.0
+    } else {
+        gpu_milli(w, template) / template.gpu_milli_capacity().max(u64::from(GPU_MILLI)) as f64
+    };
+    cpu.max(mem).max(gpu).min(1.0)
+}
+
+/// Whether a pod could run on an empty node of the group, and if not why.
+fn template_fit(group: &NodeGroup, w: &Workload) -> Result<(), fit::Unfit> {
+    let node = template_node(group, String::new(), NodeState::Ready);
+    fit::candidates(&node, w).map(|_| ())
+}
+
+/// Packs pods onto fresh nodes of a group, first fit in order, opening up to `max_nodes`.
+/// Returns how many nodes were needed and which pods fit, or `None` if `required` pods do not.
+fn pack_fresh(group: &NodeGroup, pods: &[&Workload], required: usize, max_nodes: u32) -> Option<(u32, Vec<usize>)> {
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut fitted = Vec::new();
+    for (i, w) in pods.iter().enumerate() {
+        let mut placed = false;
+        for node in nodes.iter_mut() {
+            if let Some(devices) = fit::candidates(node, w).ok().and_then(|c| c.into_iter().next()) {
+                node.allocate(&w.requests, &devices);
+                placed = true;
+                break;
+            }
+        }
+        if !placed && (nodes.len() as u32) < max_nodes {
+            let mut node = template_node(group, String::new(), NodeState::Ready);
+            if let Some(devices) = fit::candidates(&node, w).ok().and_then(|c| c.into_iter().next()) {
+                node.allocate(&w.requests, &devices);
+                nodes.push(node);
+                placed = true;
+            }
+        }
+        if placed {
+            fitted.push(i);
+        }
+    }
+    (fitted.len() >= required).then_some((nodes.len() as u32, fitted))
+}
+
+/// Plans the growth for the units existing capacity cannot hold.
+pub(crate) fn plan(
+    placer: &mut Placer<'_>,
+    info: &mut Vec<NodeInfo>,
+    input: &PlanInput,
+    units: &[Unit],
+    max_new_nodes: u32,
+) -> ScaleUps {
+    let workloads = &input.snapshot.workloads;
+    let groups = &input.groups;
+    let mut added = vec![0u32; groups.len()];
+    let mut pods_for: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut unschedulable = Vec::new();
+    let mut total_new = 0u32;
+
+    // What each pod would cost on its cheapest fitting group if it could rent just its share.
+    let standalone = |w: &Workload| -> f64 {
+        groups
+            .iter()
+            .filter(|g| template_fit(g, w).is_ok())
+            .map(|g| g.price as f64 * dominant_share(w, &g.template).max(1e-6))
+            .fold(f64::INFINITY, f64::min)
+    };
+
+    for (ui, unit) in units.iter().enumerate() {
+        // Capacity this plan already adds may hold it.
+        let is_new: Vec<bool> = info.iter().map(|n| n.origin == Origin::New).collect();
+        if let Some(placed) = place_unit(placer, workloads, unit, &|n| is_new.get(n).copied().unwrap_or(false)) {
+            for (wi, p) in placed {
+                pods_for.entry(info[p.node].group.unwrap_or(usize::MAX)).or_default().push(workloads[wi].id.clone());
+                info[p.node].pods.push((wi, p.devices));
+            }
+            continue;
+        }
+        let members: Vec<&Workload> = unit.pods.iter().map(|&i| &workloads[i]).collect();
+        let required = unit.required.max(1).min(members.len());
+        // Candidate groups and, for the reason if none fits, why each is out.
+        let mut why_not: Vec<String> = Vec::new();
+        let mut best: Option<(f64, u64, usize, u32)> = None; // (cost ratio, price, group, nodes)
+        for (gi, g) in groups.iter().enumerate() {
+            let name = g.id.as_str();
+            if let Some(reason) = input.unavailable.get(&g.id) {
+                why_not.push(format!("{name}: unavailable ({reason})"));
+                continue;
+            }
+            if let Err(u) = template_fit(g, members[0]) {
+                why_not.push(format!("{name}: {}", u.as_str()));
+                continue;
+            }
+            let headroom = g.max_size.saturating_sub(g.target_size + added[gi]).min(max_new_nodes - total_new);
+            if headroom == 0 {
+                why_not.push(format!("{name}: at max size {}", g.max_size));
+                continue;
+            }
+            let (nodes, value) = if unit.gang.is_some() {
+                let Some((n, fitted)) = pack_fresh(g, &members, required, headroom) else {
+                    why_not.push(format!("{name}: gang of {} does not fit in {headroom} new node(s)", members.len()));
+                    continue;
+                };
+                (n, fitted.iter().map(|&i| standalone(members[i])).sum::<f64>())
+            } else {
+                // One new node: the pod plus what else pending would share it.
+                let mut lookahead: Vec<&Workload> = vec![members[0]];
+                lookahead.extend(
+                    units[ui + 1..]
+                        .iter()
+                        .filter(|u| u.gang.is_none())
+                        .take(LOOKAHEAD)
+                        .map(|u| &workloads[u.pods[0]]),
+                );
+                let Some((_, fitted)) = pack_fresh(g, &lookahead, 1, 1) else { continue };
+                (1, fitted.iter().map(|&i| standalone(lookahead[i])).sum::<f64>())
+            };
+            let cost = g.price.saturating_mul(u64::from(nodes));
+            let ratio = if value > 0.0 { cost as f64 / value } else { f64::INFINITY };
+            let better = match best {
+                None => true,
+                Some((r, c, _, _)) => ratio < r - 1e-9 || ((ratio - r).abs() <= 1e-9 && cost < c),
+            };
+            if better {
+                best = Some((ratio, cost, gi, nodes));
+            }
+        }
+        let Some((_, _, gi, nodes)) = best else {
+            let reason = if groups.is_empty() {
+                "no node groups are configured".to_string()
+            } else {
+                why_not.sort();
+                format!("no node group can run it: {}", why_not.join("; "))
+            };
+            for &wi in &unit.pods {
+                let gang = unit.gang.as_ref().map(|g| format!(" (gang {g})")).unwrap_or_default();
+                unschedulable.push(Unschedulable { pod: workloads[wi].id.clone(), reason: format!("{reason}{gang}") });
+            }
+            continue;
+        };
+        // Open the nodes and place the unit on them.
+        let g = &groups[gi];
+        let first_new = placer.nodes().len();
+        for k in 0..nodes {
+            let n = g.target_size + added[gi] + k + 1;
+            let name = format!("{}-new-{n}", g.id.rsplit('/').next().unwrap_or(&g.id));
+            placer.add_node(template_node(g, name, NodeState::Upcoming));
+            info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
+        }
+        let placed = place_unit(placer, workloads, unit, &|n| n >= first_new);
+        match placed {
+            Some(placed) => {
+                added[gi] += nodes;
+                total_new += nodes;
+                for (wi, p) in placed {
+                    pods_for.entry(gi).or_default().push(workloads[wi].id.clone());
+                    info[p.node].pods.push((wi, p.devices));
+                }
+            }
+            None => {
+                // The policy's device choice differed from the estimate; leave the nodes unused
+                // (they will not be requested) and report the pods.
+                for &wi in &unit.pods {
+                    unschedulable.push(Unschedulable {
+                        pod: workloads[wi].id.clone(),
+                        reason: format!("does not fit a new {} node", g.instance_type),
+                    });
+                }
+            }
+        }
+    }
+    let scale_ups = groups
+        .iter()
+        .enumerate()
+        .filter(|(gi, _)| added[*gi] > 0)
+        .map(|(gi, g)| {
+            let pods = pods_for.remove(&gi).unwrap_or_default();
+            ScaleUp {
+                group: g.id.clone(),
+                instance_type: g.instance_type.clone(),
+                from: g.target_size,
+                to: g.target_size + added[gi],
+                reason: format!(
+                    "{} pending pod(s) fit no existing node; {} x {} is the cheapest fitting capacity per unit of demand",
+                    pods.len(),
+                    added[gi],
+                    g.instance_type
+                ),
+                pods,
+                cost_per_hour: g.price * u64::from(added[gi]),
+            }
+        })
+        .collect();
+    ScaleUps { scale_ups, unschedulable }
+}
