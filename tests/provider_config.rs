@@ -68,7 +68,10 @@ fn example_files_load() {
     assert_eq!(l40s.price, dollars(10.49264));
     assert_eq!(l40s.template.labels["karpenter.sh/capacity-type"], "spot");
     let a100 = by_id["ml-gcp/a100-pool"];
-    assert_eq!(a100.template.labels["cloud.google.com/gke-nodepool"], "a100-pool");
+    assert_eq!(
+        a100.template.labels["cloud.google.com/gke-nodepool"],
+        "a100-pool"
+    );
     assert_eq!(
         a100.template.labels["cloud.google.com/gke-accelerator"],
         "nvidia-tesla-a100"
@@ -114,7 +117,10 @@ fn embedded_default_mirrors_the_example_cluster() {
         .gpus
         .iter()
         .all(|g| g.mode == GpuMode::TimeSliced { replicas: 4 }));
-    assert_eq!(ts.template.labels["nvidia.com/gpu.product"], "NVIDIA-L4-SHARED");
+    assert_eq!(
+        ts.template.labels["nvidia.com/gpu.product"],
+        "NVIDIA-L4-SHARED"
+    );
     assert_eq!(groups[3].capacity_type, CapacityType::Spot);
     assert_eq!(groups[3].price, dollars(2.07));
     assert!(groups[5].template.gpus.is_empty());
@@ -129,18 +135,33 @@ fn template_nodes_follow_the_catalog() {
             catalog::Cloud::Aws => "us-east-1a",
             catalog::Cloud::Gcp => "us-central1-a",
         };
-        let node =
-            catalog::template_node(spec, zone, &no_labels, &[], &GpuSharing::None).unwrap();
+        let node = catalog::template_node(spec, zone, &no_labels, &[], &GpuSharing::None).unwrap();
         let capacity = Resources::new(u64::from(spec.vcpu) * 1000, spec.memory_mib);
-        assert!(node.allocatable.fits_in(&capacity), "{}", spec.instance_type);
-        assert!(node.allocatable.cpu_milli < capacity.cpu_milli, "{}", spec.instance_type);
+        assert!(
+            node.allocatable.fits_in(&capacity),
+            "{}",
+            spec.instance_type
+        );
+        assert!(
+            node.allocatable.cpu_milli < capacity.cpu_milli,
+            "{}",
+            spec.instance_type
+        );
         assert!(
             node.allocatable.memory_bytes < capacity.memory_bytes,
             "{}",
             spec.instance_type
         );
-        assert_eq!(node.gpus.len(), spec.gpus as usize, "{}", spec.instance_type);
-        assert_eq!(node.labels["node.kubernetes.io/instance-type"], spec.instance_type);
+        assert_eq!(
+            node.gpus.len(),
+            spec.gpus as usize,
+            "{}",
+            spec.instance_type
+        );
+        assert_eq!(
+            node.labels["node.kubernetes.io/instance-type"],
+            spec.instance_type
+        );
         assert_eq!(node.labels["topology.kubernetes.io/zone"], zone);
         if let Some(model) = &spec.gpu_model {
             let m = GpuCatalog.resolve(model).unwrap();
@@ -149,7 +170,11 @@ fn template_nodes_follow_the_catalog() {
             assert_eq!(node.labels["nvidia.com/gpu.count"], spec.gpus.to_string());
             // The product label GFD sets resolves back to the same model.
             let product = &node.labels["nvidia.com/gpu.product"];
-            assert_eq!(GpuCatalog.resolve(product).unwrap().name, m.name, "{product}");
+            assert_eq!(
+                GpuCatalog.resolve(product).unwrap().name,
+                m.name,
+                "{product}"
+            );
             assert_eq!(
                 !node.topology.nvlink_domain.is_empty(),
                 spec.nvlink && spec.gpus > 1,
@@ -164,13 +189,19 @@ fn template_nodes_follow_the_catalog() {
 
     // Known values: EKS m6i.large and GKE g2-standard-4.
     let m6i = catalog::lookup("m6i.large").unwrap();
-    let node = catalog::template_node(m6i, "us-east-1a", &no_labels, &[], &GpuSharing::None)
-        .unwrap();
-    assert_eq!(node.allocatable, Resources::new(2000 - 70, 8192 - (11 * 29 + 255) - 100));
+    let node =
+        catalog::template_node(m6i, "us-east-1a", &no_labels, &[], &GpuSharing::None).unwrap();
+    assert_eq!(
+        node.allocatable,
+        Resources::new(2000 - 70, 8192 - (11 * 29 + 255) - 100)
+    );
     let g2 = catalog::lookup("g2-standard-4").unwrap();
     let node =
         catalog::template_node(g2, "us-central1-a", &no_labels, &[], &GpuSharing::None).unwrap();
-    assert_eq!(node.allocatable, Resources::new(4000 - 80, 16384 - 2663 - 100));
+    assert_eq!(
+        node.allocatable,
+        Resources::new(4000 - 80, 16384 - 2663 - 100)
+    );
     assert_eq!(node.labels["topology.kubernetes.io/region"], "us-central1");
     assert_eq!(node.labels["nvidia.com/gpu.memory"], "23034");
 }
@@ -268,7 +299,8 @@ fn several_accounts_per_file_and_several_files() {
     assert_eq!(cfg.accounts.len(), 3);
     assert!(cfg.node_groups().is_empty());
 
-    let dup = "accounts:\n  - name: a\n    provider: gcp\n    project: p\n    region: europe-west4\n";
+    let dup =
+        "accounts:\n  - name: a\n    provider: gcp\n    project: p\n    region: europe-west4\n";
     let msg = load_strs(&[("a.yaml", a), ("dup.yaml", dup)])
         .unwrap_err()
         .to_string();
@@ -412,7 +444,10 @@ fn spot_group_needs_a_spot_price_unless_the_provider_supplies_it() {
         maxSize: 4
 ";
     let msg = expect_error(&sim(spot), "accounts[0].nodeGroups[0].price.spot", "null");
-    assert!(msg.contains("provider simulated cannot supply spot prices"), "{msg}");
+    assert!(
+        msg.contains("provider simulated cannot supply spot prices"),
+        "{msg}"
+    );
     let gcp = "accounts:\n  - name: g\n    provider: gcp\n    project: p\n    region: us-central1\n    nodeGroups:
       - name: spotty
         instanceType: g2-standard-4
@@ -425,9 +460,14 @@ fn spot_group_needs_a_spot_price_unless_the_provider_supplies_it() {
     let with_override = format!(
         "accounts:\n  - name: sim\n    provider: simulated\n    region: us-east-1\n    priceOverrides: {{g6.xlarge: {{spot: 0.31}}}}\n    nodeGroups:{spot}"
     );
-    assert_eq!(load(&with_override).unwrap().node_groups()[0].price, dollars(0.31));
+    assert_eq!(
+        load(&with_override).unwrap().node_groups()[0].price,
+        dollars(0.31)
+    );
     // AWS can look spot prices up.
-    let aws = format!("accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    nodeGroups:{spot}");
+    let aws = format!(
+        "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    nodeGroups:{spot}"
+    );
     assert_eq!(load(&aws).unwrap().node_groups()[0].price, dollars(0.8048));
 }
 
@@ -575,13 +615,17 @@ fn several_errors_are_all_reported() {
 #[test]
 fn load_files_names_unreadable_files() {
     let mut f = tempfile::NamedTempFile::new().unwrap();
-    writeln!(f, "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1").unwrap();
+    writeln!(
+        f,
+        "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1"
+    )
+    .unwrap();
     let cfg = load_files(&[f.path()]).unwrap();
     assert_eq!(cfg.sources[0], f.path());
     let err = load_files(&["/nonexistent/gpuscale.yaml"]).unwrap_err();
-    assert!(err.to_string().contains("/nonexistent/gpuscale.yaml"), "{err}");
-    assert!(matches!(
-        load_files::<&str>(&[]),
-        Err(ConfigError::NoFiles)
-    ));
+    assert!(
+        err.to_string().contains("/nonexistent/gpuscale.yaml"),
+        "{err}"
+    );
+    assert!(matches!(load_files::<&str>(&[]), Err(ConfigError::NoFiles)));
 }

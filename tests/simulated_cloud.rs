@@ -63,7 +63,9 @@ async fn scale_up_boots_after_the_boot_delay() {
     let spot = group(&groups, "sim/l4-spot");
     assert_eq!(count(spot, |s| *s == InstanceState::Running), 20);
     let custom = group(&groups, "sim/custom");
-    assert!(custom.instances[0].id.starts_with("sim:///us-east-1b/custom-"));
+    assert!(custom.instances[0]
+        .id
+        .starts_with("sim:///us-east-1b/custom-"));
 
     c.set_target_size("sim/h100", 4).await.unwrap();
     let g = c.snapshot();
@@ -74,7 +76,10 @@ async fn scale_up_boots_after_the_boot_delay() {
     for zone in ["us-east-1a", "us-east-1b"] {
         let prefix = format!("aws:///{zone}/i-");
         assert_eq!(
-            h100.instances.iter().filter(|i| i.id.starts_with(&prefix)).count(),
+            h100.instances
+                .iter()
+                .filter(|i| i.id.starts_with(&prefix))
+                .count(),
             2
         );
     }
@@ -86,12 +91,16 @@ async fn scale_up_boots_after_the_boot_delay() {
 
     c.advance(SECS(119));
     assert_eq!(
-        count(group(&c.snapshot(), "sim/h100"), |s| *s == InstanceState::Pending),
+        count(group(&c.snapshot(), "sim/h100"), |s| *s
+            == InstanceState::Pending),
         4
     );
     c.advance(SECS(1));
     let g = c.snapshot();
-    assert_eq!(count(group(&g, "sim/h100"), |s| *s == InstanceState::Running), 4);
+    assert_eq!(
+        count(group(&g, "sim/h100"), |s| *s == InstanceState::Running),
+        4
+    );
     assert_eq!(c.now(), SECS(120));
 
     let ops = c.operations();
@@ -149,14 +158,22 @@ async fn capacity_errors_are_seeded_and_reproducible() {
         group(&c.snapshot(), "sim/h100")
             .instances
             .iter()
-            .map(|i| (i.id.clone(), matches!(i.state, InstanceState::Failed { .. })))
+            .map(|i| {
+                (
+                    i.id.clone(),
+                    matches!(i.state, InstanceState::Failed { .. }),
+                )
+            })
             .collect()
     }
     let a = failures(11).await;
     assert_eq!(a, failures(11).await, "same seed, same run");
     assert_ne!(a, failures(12).await, "another seed, another run");
     let failed = a.iter().filter(|(_, f)| *f).count();
-    assert!(failed > 0 && failed < 10, "{failed} of 10 failed at rate 0.3");
+    assert!(
+        failed > 0 && failed < 10,
+        "{failed} of 10 failed at rate 0.3"
+    );
 
     let c = cloud("{capacityErrorRate: 1.0}");
     c.set_target_size("sim/h100", 2).await.unwrap();
@@ -166,7 +183,10 @@ async fn capacity_errors_are_seeded_and_reproducible() {
             panic!("{:?}", i.state)
         };
         assert_eq!(*class, ErrorClass::OutOfCapacity);
-        assert!(message.contains("InsufficientInstanceCapacity"), "{message}");
+        assert!(
+            message.contains("InsufficientInstanceCapacity"),
+            "{message}"
+        );
         assert!(message.contains("p5.48xlarge"), "{message}");
     }
     // Failed launches hold their slot (no relaunch on a repeated target) until retried.
@@ -239,10 +259,16 @@ async fn delete_specific_instances_decrements_the_target() {
 
     // Unknown instance: nothing changes.
     let err = c
-        .delete_instances("sim/h100", &[keep[0].clone(), "aws:///us-east-1a/i-nope".into()])
+        .delete_instances(
+            "sim/h100",
+            &[keep[0].clone(), "aws:///us-east-1a/i-nope".into()],
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, ProviderError::InstanceNotFound { .. }), "{err}");
+    assert!(
+        matches!(err, ProviderError::InstanceNotFound { .. }),
+        "{err}"
+    );
     assert_eq!(group(&c.snapshot(), "sim/h100").target_size, 2);
     // Below minSize is refused.
     let custom = group(&c.snapshot(), "sim/custom").instances[0].id.clone();
@@ -262,7 +288,11 @@ async fn bounds_and_unknown_groups() {
     let c = cloud("{}");
     assert!(matches!(
         c.set_target_size("sim/h100", 11).await,
-        Err(ProviderError::SizeOutOfRange { target: 11, max: 10, .. })
+        Err(ProviderError::SizeOutOfRange {
+            target: 11,
+            max: 10,
+            ..
+        })
     ));
     assert!(matches!(
         c.set_target_size("sim/nope", 1).await,
@@ -278,7 +308,9 @@ async fn bounds_and_unknown_groups() {
 #[tokio::test]
 async fn spot_instances_are_interrupted_and_replaced() {
     let run = |seed: u64| async move {
-        let c = cloud(&format!("{{spotInterruptionsPerHour: 0.5, seed: {seed}, bootSeconds: 60}}"));
+        let c = cloud(&format!(
+            "{{spotInterruptionsPerHour: 0.5, seed: {seed}, bootSeconds: 60}}"
+        ));
         for _ in 0..12 {
             c.advance(SECS(300));
         }
@@ -334,7 +366,13 @@ async fn built_directly_and_shared_between_tasks() {
     let h = c.snapshot();
     let h = group(&h, "sim/h100");
     assert!((1..=4).contains(&h.target_size));
-    assert_eq!(h.instances.iter().filter(|i| i.state == InstanceState::Running).count() as u32, h.target_size);
+    assert_eq!(
+        h.instances
+            .iter()
+            .filter(|i| i.state == InstanceState::Running)
+            .count() as u32,
+        h.target_size
+    );
 }
 
 #[cfg(feature = "cloud")]
@@ -360,4 +398,26 @@ async fn polite_wrapper_learns_from_simulated_stockouts() {
         1,
         "the refused scale-up never reached the cloud"
     );
+}
+
+#[tokio::test]
+async fn simulated_gcp_types_get_gke_templates_and_sim_ids() {
+    let text = "accounts:
+  - name: gsim
+    provider: simulated
+    region: us-central1
+    nodeGroups:
+      - {name: l4, instanceType: g2-standard-24, zones: [us-central1-a], maxSize: 3, targetSize: 1}
+";
+    let cfg = load_strs(&[("gsim.yaml", text)]).unwrap();
+    let g = &cfg.node_groups()[0];
+    assert_eq!(g.template.labels["cloud.google.com/gke-nodepool"], "l4");
+    assert_eq!(
+        g.template.labels["topology.kubernetes.io/region"],
+        "us-central1"
+    );
+    assert_eq!(g.template.gpus.len(), 2);
+    let c = SimulatedCloud::from_config(&cfg).remove(0);
+    let groups = c.refresh().await.unwrap();
+    assert_eq!(groups[0].instances[0].id, "sim:///us-central1-a/l4-0001");
 }

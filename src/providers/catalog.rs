@@ -172,7 +172,16 @@ fn build_catalog() -> Vec<InstanceSpec> {
         aws("g6e.12xlarge", 48, 384, 4, l40s, false, Some(10.49264), 292),
         aws("g6e.16xlarge", 64, 512, 1, l40s, false, Some(7.57719), 737),
         aws("g6e.24xlarge", 96, 768, 4, l40s, false, Some(15.06559), 492),
-        aws("g6e.48xlarge", 192, 1536, 8, l40s, false, Some(30.13118), 492),
+        aws(
+            "g6e.48xlarge",
+            192,
+            1536,
+            8,
+            l40s,
+            false,
+            Some(30.13118),
+            492,
+        ),
         // P-family: 8 SXM GPUs on NVSwitch.
         aws(
             "p4d.24xlarge",
@@ -287,10 +296,10 @@ fn build_catalog() -> Vec<InstanceSpec> {
     }
     // A2 Ultra (A100 80GB).
     for (name, vcpu, mem, gpus, price) in [
-        ("a2-ultragpu-1g", 12, 170, 1, 5.06879),
-        ("a2-ultragpu-2g", 24, 340, 2, 10.13758),
-        ("a2-ultragpu-4g", 48, 680, 4, 20.27516),
-        ("a2-ultragpu-8g", 96, 1360, 8, 40.55032),
+        ("a2-ultragpu-1g", 12, 170, 1, 5.06879789),
+        ("a2-ultragpu-2g", 24, 340, 2, 10.137595781),
+        ("a2-ultragpu-4g", 48, 680, 4, 20.275191562),
+        ("a2-ultragpu-8g", 96, 1360, 8, 40.550383123),
     ] {
         v.push(gcp(
             name,
@@ -312,7 +321,7 @@ fn build_catalog() -> Vec<InstanceSpec> {
         Some("H100-80GB"),
         Some("nvidia-h100-80gb"),
         true,
-        Some(88.253),
+        Some(88.49),
     ));
     v.push(gcp(
         "a3-megagpu-8g",
@@ -715,7 +724,10 @@ pub fn template_node(
     };
     set("kubernetes.io/os", "linux".into());
     set("kubernetes.io/arch", "amd64".into());
-    set("node.kubernetes.io/instance-type", spec.instance_type.clone());
+    set(
+        "node.kubernetes.io/instance-type",
+        spec.instance_type.clone(),
+    );
     set("topology.kubernetes.io/zone", zone.to_string());
     set(
         "topology.kubernetes.io/region",
@@ -816,7 +828,11 @@ mod tests {
         for s in all() {
             if let Some(m) = &s.gpu_model {
                 let resolved = GpuCatalog.resolve(m).expect(m);
-                assert_eq!(resolved.name, m, "{} uses a non-canonical name", s.instance_type);
+                assert_eq!(
+                    resolved.name, m,
+                    "{} uses a non-canonical name",
+                    s.instance_type
+                );
                 assert!(s.gpus > 0, "{}", s.instance_type);
             } else {
                 assert_eq!(s.gpus, 0, "{}", s.instance_type);

@@ -587,7 +587,8 @@ pub fn resolve_spec(
                 .map(|m| GpuCatalog.resolve(m).map_or(m, |s| s.name).to_string()),
             nvlink: c.nvlink,
             on_demand_usd: c.price.and_then(|p| p.on_demand),
-            max_pods: (cloud == Cloud::Aws).then_some(c.max_pods.unwrap_or(catalog::DEFAULT_MAX_PODS)),
+            max_pods: (cloud == Cloud::Aws)
+                .then_some(c.max_pods.unwrap_or(catalog::DEFAULT_MAX_PODS)),
             accelerator: None,
         }));
     }
@@ -801,7 +802,10 @@ impl Validator {
             ("profile", c.profile.is_some()),
             ("roleArn", c.role_arn.is_some()),
             ("env", c.env == Some(true)),
-            ("serviceAccountKeyFile", c.service_account_key_file.is_some()),
+            (
+                "serviceAccountKeyFile",
+                c.service_account_key_file.is_some(),
+            ),
         ]
         .into_iter()
         .filter_map(|(n, on)| on.then_some(n))
@@ -890,7 +894,10 @@ impl Validator {
                     file,
                     format!("{at}.targetSize"),
                     t.to_string(),
-                    format!("outside [minSize, maxSize] = [{}, {}]", g.min_size, g.max_size),
+                    format!(
+                        "outside [minSize, maxSize] = [{}, {}]",
+                        g.min_size, g.max_size
+                    ),
                 );
             }
         }
@@ -902,7 +909,11 @@ impl Validator {
                 "a node group needs at least one zone",
             );
         }
-        let cloud = a.cloud_flavor();
+        // A simulated account may mirror either cloud: catalog types bring theirs. Custom types
+        // and real accounts follow the account.
+        let cloud = catalog::lookup(&g.instance_type)
+            .filter(|_| g.instance_spec.is_none() && a.provider == ProviderKind::Simulated)
+            .map_or(a.cloud_flavor(), |s| s.cloud);
         if let Some(region) = &a.region {
             for (zi, z) in g.zones.iter().enumerate() {
                 if catalog::region_of_zone(cloud, z) != *region {
@@ -921,7 +932,12 @@ impl Validator {
         if let Some(s) = &g.instance_spec {
             let sat = format!("{at}.instanceSpec");
             if s.vcpu == 0 {
-                self.err(file, format!("{sat}.vcpu"), "0".into(), "must be at least 1");
+                self.err(
+                    file,
+                    format!("{sat}.vcpu"),
+                    "0".into(),
+                    "must be at least 1",
+                );
             }
             if !(s.memory_gib.is_finite() && s.memory_gib > 0.0) {
                 self.err(

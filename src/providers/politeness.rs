@@ -83,8 +83,7 @@ impl<C: Clock> governor::clock::Clock for GovernorClock<C> {
     }
 }
 
-type Limiter<C> =
-    RateLimiter<NotKeyed, InMemoryState, GovernorClock<C>, NoOpMiddleware<Duration>>;
+type Limiter<C> = RateLimiter<NotKeyed, InMemoryState, GovernorClock<C>, NoOpMiddleware<Duration>>;
 
 /// Settings of the wrapper, usually from an account's `rateLimit`, `retry` and `backoff` blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -167,14 +166,10 @@ pub fn group_backoff_delay(failures: u32, base: Duration, max: Duration) -> Dura
 
 /// Zone in a provider id: `aws:///us-east-1a/i-…`, `sim:///zone/name`, `gce://project/zone/name`.
 pub fn zone_of_provider_id(id: &str) -> Option<&str> {
-    let (scheme, rest) = id.split_once("://")?;
-    let mut parts = rest.split('/');
-    let zone = if scheme == "gce" {
-        parts.nth(1)
-    } else {
-        // `aws:///zone/id`: empty host, then the zone.
-        parts.nth(1)
-    }?;
+    // The zone is the second path segment in every form: `aws:///` has an empty host before it,
+    // `gce://` the project.
+    let (_, rest) = id.split_once("://")?;
+    let zone = rest.split('/').nth(1)?;
     (!zone.is_empty()).then_some(zone)
 }
 
@@ -267,7 +262,10 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
             capacity_type,
         };
         let now = self.clock.now();
-        self.lock().unavailable.get(&key).is_none_or(|&until| until <= now)
+        self.lock()
+            .unavailable
+            .get(&key)
+            .is_none_or(|&until| until <= now)
     }
 
     /// Offerings currently marked unavailable, with the time the mark expires.
@@ -316,7 +314,13 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
             until: now + delay,
             class,
         };
-        tracing::warn!(group, failures, ?delay, ?class, "scale-up failed; backing off");
+        tracing::warn!(
+            group,
+            failures,
+            ?delay,
+            ?class,
+            "scale-up failed; backing off"
+        );
         s.backoff.insert(group.to_string(), entry);
         entry
     }
@@ -335,9 +339,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
                 Ok(()) => return,
                 Err(not_until) => {
                     let wait = not_until.wait_time_from(self.clock.now());
-                    self.clock
-                        .sleep(wait.max(Duration::from_micros(100)))
-                        .await;
+                    self.clock.sleep(wait.max(Duration::from_micros(100))).await;
                 }
             }
         }
@@ -514,7 +516,9 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
             return Err(e);
         }
         let result = self
-            .call("set_target_size", || self.inner.set_target_size(group, target))
+            .call("set_target_size", || {
+                self.inner.set_target_size(group, target)
+            })
             .await;
         match &result {
             Ok(()) => {
@@ -646,7 +650,10 @@ mod tests {
     fn jitter_and_backoff_bounds() {
         let base = Duration::from_millis(100);
         let cap = Duration::from_secs(2);
-        assert_eq!(full_jitter(0, base, cap, 0.999_999), base.mul_f64(0.999_999));
+        assert_eq!(
+            full_jitter(0, base, cap, 0.999_999),
+            base.mul_f64(0.999_999)
+        );
         assert_eq!(full_jitter(3, base, cap, 0.5), Duration::from_millis(400));
         assert_eq!(full_jitter(10, base, cap, 0.5), Duration::from_secs(1));
         assert_eq!(full_jitter(60, base, cap, 1.0), cap);
@@ -669,14 +676,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn retries_then_succeeds() {
         let clock = TokioClock::new();
-        let inner = Scripted::new(vec![Err(server_error()), Err(server_error()), Ok(())], clock);
+        let inner = Scripted::new(
+            vec![Err(server_error()), Err(server_error()), Ok(())],
+            clock,
+        );
         let p = Polite::with_clock(inner, config(5), clock);
         p.set_target_size("acct/gpu", 3).await.unwrap();
         assert_eq!(p.inner().calls.load(Ordering::SeqCst), 3);
         let times = p.inner().times.lock().unwrap().clone();
         // Full jitter: each wait is below its ceiling (100 ms, then 200 ms).
-        assert!(times[1] - times[0] <= Duration::from_millis(100), "{times:?}");
-        assert!(times[2] - times[1] <= Duration::from_millis(200), "{times:?}");
+        assert!(
+            times[1] - times[0] <= Duration::from_millis(100),
+            "{times:?}"
+        );
+        assert!(
+            times[2] - times[1] <= Duration::from_millis(200),
+            "{times:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -710,7 +726,9 @@ mod tests {
             clock,
         );
         let p = Polite::with_clock(inner, config(3), clock);
-        p.delete_instances("acct/gpu", &["i-1".into()]).await.unwrap();
+        p.delete_instances("acct/gpu", &["i-1".into()])
+            .await
+            .unwrap();
         let times = p.inner().times.lock().unwrap().clone();
         assert_eq!(times.len(), 2);
         assert!(times[1] - times[0] >= Duration::from_secs(7), "{times:?}");
@@ -735,7 +753,10 @@ mod tests {
         for w in times[2..].windows(2) {
             assert!(w[1] - w[0] >= Duration::from_millis(499), "{times:?}");
         }
-        assert!(times[5] - times[0] >= Duration::from_millis(1999), "{times:?}");
+        assert!(
+            times[5] - times[0] >= Duration::from_millis(1999),
+            "{times:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -175,7 +175,11 @@ fn occupies_slot(s: &InstanceState) -> bool {
 impl SimulatedCloud {
     /// A simulated account with `groups`; each group starts with `target_size` running instances
     /// (an existing cluster), spread over its zones.
-    pub fn new(account: impl Into<String>, groups: Vec<NodeGroup>, settings: SimulationSettings) -> Self {
+    pub fn new(
+        account: impl Into<String>,
+        groups: Vec<NodeGroup>,
+        settings: SimulationSettings,
+    ) -> Self {
         let mut state = State {
             now: Duration::ZERO,
             rng: ChaCha8Rng::seed_from_u64(settings.seed),
@@ -421,7 +425,10 @@ impl State {
                 instance: id,
                 message,
             },
-            None => Operation::Launched { group, instance: id },
+            None => Operation::Launched {
+                group,
+                instance: id,
+            },
         });
     }
 
@@ -473,7 +480,8 @@ impl State {
     fn advance(&mut self, dt: Duration) {
         // Instances terminated before this step are gone now.
         for g in self.groups.values_mut() {
-            g.instances.retain(|i| i.state != InstanceState::Terminating);
+            g.instances
+                .retain(|i| i.state != InstanceState::Terminating);
         }
         self.now += dt;
         let now = self.now;
@@ -629,17 +637,24 @@ impl CloudProvider for SimulatedCloud {
             error: None,
         });
         let result = s.set_target_size(group, target);
-        if let (Err(e), Some(OperationRecord {
-            op: Operation::SetTargetSize { error, .. },
-            ..
-        })) = (&result, s.log.get_mut(index))
+        if let (
+            Err(e),
+            Some(OperationRecord {
+                op: Operation::SetTargetSize { error, .. },
+                ..
+            }),
+        ) = (&result, s.log.get_mut(index))
         {
             *error = Some(e.to_string());
         }
         result
     }
 
-    async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
+    async fn delete_instances(
+        &self,
+        group: &str,
+        instances: &[String],
+    ) -> Result<(), ProviderError> {
         let mut s = self.lock();
         let index = s.log.len();
         s.record(Operation::DeleteInstances {
@@ -648,10 +663,13 @@ impl CloudProvider for SimulatedCloud {
             error: None,
         });
         let result = s.delete_instances(group, instances);
-        if let (Err(e), Some(OperationRecord {
-            op: Operation::DeleteInstances { error, .. },
-            ..
-        })) = (&result, s.log.get_mut(index))
+        if let (
+            Err(e),
+            Some(OperationRecord {
+                op: Operation::DeleteInstances { error, .. },
+                ..
+            }),
+        ) = (&result, s.log.get_mut(index))
         {
             *error = Some(e.to_string());
         }
