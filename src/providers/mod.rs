@@ -4,8 +4,13 @@
 //! [`crate::model::NodeGroup`], and sizes are absolute targets so that a retried call can never
 //! double a scale-up.
 
+pub mod catalog;
+pub mod config;
 #[cfg(feature = "gcp")]
 pub mod gcp;
+#[cfg(feature = "cloud")]
+pub mod politeness;
+pub mod simulated;
 
 use crate::model::{ErrorClass, NodeGroup};
 use std::future::Future;
