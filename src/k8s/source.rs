@@ -119,7 +119,10 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
                     path: path.to_path_buf(),
                     line: e.line(),
                     column: e.column(),
-                    message: e.to_string(),
+                    message: e
+                        .to_string()
+                        .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
+                        .to_string(),
                 })?;
         let many = docs.len() > 1;
         for (i, doc) in docs.into_iter().enumerate() {
