@@ -843,3 +843,42 @@ fn wrong_shape_names_the_field() {
         "{err}"
     );
 }
+
+#[test]
+fn mig_single_nodes_account_gpu_requests_as_instances() {
+    let n = node(
+        "a100-single",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb",
+               "nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "4"}),
+        json!({"cpu": "30", "memory": "200Gi", "nvidia.com/gpu": "4"}),
+    );
+    let mut p = pod("ml", "p", gpu_container(json!({"nvidia.com/gpu": 3})));
+    p["spec"]["nodeName"] = json!("a100-single");
+    let l = load(vec![n, p]).unwrap();
+    let node = &l.snapshot.nodes[0];
+    assert_eq!(node.gpus.len(), 2, "two 3g.20gb per A100-40GB");
+    let used: usize = mig_layouts(node).iter().map(Vec::len).sum();
+    assert_eq!(used, 4);
+    let in_use: usize = node
+        .gpus
+        .iter()
+        .map(|g| match &g.mode {
+            GpuMode::Mig { instances, .. } => instances.iter().filter(|i| i.used).count(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(in_use, 3);
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+}
+
+#[test]
+fn hami_use_gputype_lists_accepted_models() {
+    let mut v = pod(
+        "ml",
+        "p",
+        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})),
+    );
+    v["metadata"]["annotations"] = json!({"nvidia.com/use-gputype": "A100,T4"});
+    let w = one_pod(v);
+    assert_eq!(w.gpu_models, ["A100-80GB", "A100-40GB", "T4"]);
+}
