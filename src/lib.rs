@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "k8s")]
+pub mod k8s;
 pub mod model;
 pub mod providers;
 pub mod scheduler;

@@ -1,0 +1,339 @@
+//! Reading real Kubernetes cluster snapshots into the model.
+//!
+//! Input is what users have at hand: `kubectl get nodes,pods,poddisruptionbudgets -A -o json`
+//! (a `v1 List`), single objects, multi-document YAML, or a folder of manifests. Objects are
+//! parsed generically first and dispatched on `apiVersion`/`kind`, then decoded with the
+//! `k8s-openapi` types and converted by pure functions ([`convert`], [`convert_node`],
+//! [`convert_pod`]) that unit tests drive without files. Pods bound to nodes are accounted on
+//! those nodes (CPU, memory and the GPUs or MIG instances they hold), so the snapshot says what
+//! is free, not just what exists.
+
+mod error;
+mod instance_types;
+mod node;
+mod pod;
+mod policy;
+pub mod quantity;
+mod source;
+
+pub use error::SnapshotError;
+pub use instance_types::instance_gpus;
+pub use node::{
+    convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, NODE_GROUP_LABELS,
+};
+pub use pod::{convert_pod, ConvertedPod, EffectiveRequests, HAMI_ALLOCATED};
+pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
+pub use source::{parse_text, read_path, SourcedObject};
+
+use crate::model::{ClusterSnapshot, DeviceAssignment, GpuDemand, GpuMode, Node, GPU_MILLI};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// A converted snapshot and what was skipped or guessed on the way.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedSnapshot {
+    /// The cluster.
+    pub snapshot: ClusterSnapshot,
+    /// Human-readable notes: skipped kinds, unknown GPU products, inconsistent bindings.
+    pub warnings: Vec<String>,
+}
+
+/// Loads a snapshot from a file (JSON List, single object, multi-document YAML) or a directory
+/// of `*.json`/`*.yaml`/`*.yml` files (recursively, in path order).
+pub fn load_snapshot(path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
+    let mut warnings = Vec::new();
+    let objects = read_path(path, &mut warnings)?;
+    let mut loaded = convert(&objects)?;
+    warnings.append(&mut loaded.warnings);
+    loaded.warnings = warnings;
+    for w in &loaded.warnings {
+        tracing::warn!(target: "gpuscale::k8s", "{w}");
+    }
+    tracing::info!(
+        target: "gpuscale::k8s",
+        nodes = loaded.snapshot.nodes.len(),
+        workloads = loaded.snapshot.workloads.len(),
+        budgets = loaded.snapshot.disruption_budgets.len(),
+        "loaded snapshot from {}",
+        path.display()
+    );
+    Ok(loaded)
+}
+
+/// `Kind namespace/name` of a raw object, for messages.
+fn describe(value: &Value) -> String {
+    let kind = value["kind"].as_str().unwrap_or("object");
+    let name = value["metadata"]["name"].as_str().unwrap_or("<unnamed>");
+    match value["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+fn decode<T: DeserializeOwned>(obj: &SourcedObject) -> Result<T, SnapshotError> {
+    serde_path_to_error::deserialize(&obj.value).map_err(|e| SnapshotError::Decode {
+        origin: obj.origin.clone(),
+        object: describe(&obj.value),
+        field: e.path().to_string(),
+        message: e.inner().to_string(),
+    })
+}
+
+/// Converts parsed objects into a snapshot: Nodes, Pods (Pending and Running), PDBs, and
+/// PodGroups (for gang sizes); other kinds are skipped with a warning. Pure: the same objects
+/// always give the same snapshot.
+pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotError> {
+    let mut warnings = Vec::new();
+    let mut nodes = Vec::new();
+    let mut pods = Vec::new();
+    let mut pdbs = Vec::new();
+    let mut pod_groups = BTreeMap::new();
+    for obj in objects {
+        let api_version = obj.value["apiVersion"].as_str().unwrap_or_default();
+        let kind = obj.value["kind"].as_str().unwrap_or_default();
+        match (api_version, kind) {
+            ("v1", "Node") => nodes.push((obj, decode::<k8s_openapi::api::core::v1::Node>(obj)?)),
+            ("v1", "Pod") => pods.push((obj, decode::<k8s_openapi::api::core::v1::Pod>(obj)?)),
+            ("policy/v1", "PodDisruptionBudget") => pdbs.push((
+                obj,
+                decode::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj)?,
+            )),
+            (v, "PodGroup") if POD_GROUP_API_VERSIONS.contains(&v) => {
+                let (id, min) = convert_pod_group(&obj.value, &obj.origin)?;
+                pod_groups.insert(id, min);
+            }
+            (_, "") => warnings.push(format!(
+                "{}: not a Kubernetes object (no kind); skipped",
+                obj.origin
+            )),
+            (v, k) => warnings.push(format!(
+                "{}: {}: kind {k} ({v}) is not used; skipped",
+                obj.origin,
+                describe(&obj.value)
+            )),
+        }
+    }
+
+    let mut snapshot = ClusterSnapshot::default();
+    let mut extras: Vec<ConvertedNode> = Vec::new();
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for (obj, k) in &nodes {
+        let c = convert_node(k, &obj.origin, &mut warnings)?;
+        if by_name.contains_key(&c.node.name) {
+            warnings.push(format!(
+                "{}: Node {} appears more than once; keeping the first",
+                obj.origin, c.node.name
+            ));
+            continue;
+        }
+        by_name.insert(c.node.name.clone(), extras.len());
+        extras.push(c);
+    }
+
+    let mut seen = std::collections::HashSet::new();
+    let mut converted = Vec::new();
+    for (obj, k) in &pods {
+        let Some(p) = convert_pod(k, &obj.origin, &pod_groups, &mut warnings)? else {
+            continue;
+        };
+        if !seen.insert(p.workload.id.clone()) {
+            warnings.push(format!(
+                "{}: Pod {} appears more than once; keeping the first",
+                obj.origin, p.workload.id
+            ));
+            continue;
+        }
+        converted.push(p);
+    }
+
+    for mut p in converted {
+        let bound = p
+            .workload
+            .node_name
+            .as_ref()
+            .and_then(|n| by_name.get(n).copied());
+        resolve_memory_percentage(&mut p, bound.map(|i| &extras[i].node), &mut warnings);
+        match (&p.workload.node_name, bound) {
+            (Some(_), Some(i)) => match bound_devices(&extras[i], &p) {
+                Ok(devices) => extras[i].node.allocate(&p.workload.requests, &devices),
+                Err(reason) => {
+                    warnings.push(format!(
+                        "Pod {} on Node {}: {reason}; its GPU use is not recorded",
+                        p.workload.id, extras[i].node.name
+                    ));
+                    let node = &mut extras[i].node;
+                    node.allocate(&p.workload.requests, &DeviceAssignment::None);
+                }
+            },
+            (Some(n), None) => warnings.push(format!(
+                "Pod {} is bound to Node {n}, which is not in the snapshot",
+                p.workload.id
+            )),
+            (None, _) => {}
+        }
+        snapshot.workloads.push(p.workload);
+    }
+    snapshot.nodes = extras.into_iter().map(|c| c.node).collect();
+
+    for (obj, k) in &pdbs {
+        if let Some(b) = convert_pdb(k, &obj.origin, &mut warnings)? {
+            snapshot.disruption_budgets.push(b);
+        }
+    }
+    Ok(LoadedSnapshot { snapshot, warnings })
+}
+
+/// HAMi `gpumem-percentage` becomes MiB on the node's GPU when the pod is bound. A pending pod
+/// has no GPU yet, so its memory share is kept as a compute share (the same fraction of a GPU).
+fn resolve_memory_percentage(
+    p: &mut ConvertedPod,
+    node: Option<&Node>,
+    warnings: &mut Vec<String>,
+) {
+    let Some(pct) = p.gpumem_percentage else {
+        return;
+    };
+    let GpuDemand::Fraction {
+        milli, memory_mib, ..
+    } = &mut p.workload.gpu
+    else {
+        return;
+    };
+    match node.and_then(|n| n.gpus.first()).map(|g| g.memory_mib) {
+        Some(mem) if mem > 0 => *memory_mib = mem * u64::from(pct) / 100,
+        _ => {
+            *milli = (*milli).max(pct * GPU_MILLI / 100);
+            warnings.push(format!(
+                "Pod {}: nvidia.com/gpumem-percentage={pct} without a known GPU; modelled as {} milli-GPU",
+                p.workload.id, milli
+            ));
+        }
+    }
+}
+
+/// Which devices a bound pod holds on its node. The API does not say which physical GPU a pod
+/// got (except HAMi's annotation), so the choice is deterministic: the lowest-indexed devices
+/// that hold the request, the way the device plugin hands them out.
+fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssignment, String> {
+    let n = &node.node;
+    let time_sliced = n
+        .gpus
+        .iter()
+        .any(|d| matches!(d.mode, GpuMode::TimeSliced { .. }));
+    let mig_instances = |profile: &str, count: u32| {
+        let mut out = Vec::new();
+        for d in &n.gpus {
+            if let GpuMode::Mig { instances, .. } = &d.mode {
+                for i in instances {
+                    if !i.used && i.placement.profile == profile && out.len() < count as usize {
+                        out.push((d.index, i.placement.clone()));
+                    }
+                }
+            }
+        }
+        if out.len() == count as usize {
+            Ok(DeviceAssignment::Mig { instances: out })
+        } else {
+            Err(format!(
+                "{count}x MIG {profile} requested, {} free",
+                out.len()
+            ))
+        }
+    };
+    let replicas = |count: u32| {
+        let mut free: Vec<(u32, u8)> = n
+            .gpus
+            .iter()
+            .filter_map(|d| match d.mode {
+                GpuMode::TimeSliced { replicas } => {
+                    Some((replicas.saturating_sub(d.used_replicas), d.index))
+                }
+                _ => None,
+            })
+            .collect();
+        let total: u32 = free.iter().map(|(f, _)| f).sum();
+        if total < count {
+            return Err(format!(
+                "{count} time-sliced replicas requested, {total} free"
+            ));
+        }
+        let mut gpus = Vec::new();
+        while gpus.len() < count as usize {
+            free.sort_by_key(|&(f, g)| (std::cmp::Reverse(f), g));
+            free[0].0 -= 1;
+            gpus.push(free[0].1);
+        }
+        gpus.sort_unstable();
+        Ok(DeviceAssignment::Replicas { gpus })
+    };
+    match &pod.workload.gpu {
+        GpuDemand::None => Ok(DeviceAssignment::None),
+        GpuDemand::Whole { count } => {
+            if let Some(profile) = &node.mig_single_profile {
+                return mig_instances(profile, *count);
+            }
+            if time_sliced {
+                return replicas(*count);
+            }
+            let idle: Vec<u8> = n
+                .gpus
+                .iter()
+                .filter(|d| matches!(d.mode, GpuMode::Standard) && d.is_idle())
+                .map(|d| d.index)
+                .collect();
+            if idle.len() < *count as usize {
+                return Err(format!("{count} GPUs requested, {} idle", idle.len()));
+            }
+            Ok(DeviceAssignment::Whole {
+                gpus: crate::scheduler::fit::select_connected(n, &idle, *count as usize),
+            })
+        }
+        GpuDemand::Shared { count } => replicas(*count),
+        GpuDemand::Mig { profile, count } => mig_instances(profile, *count),
+        GpuDemand::Fraction {
+            count,
+            milli,
+            memory_mib,
+        } => {
+            let by_uuid: Vec<u8> = pod
+                .gpu_uuids
+                .iter()
+                .filter_map(|u| node.gpu_uuids.iter().position(|x| x == u))
+                .map(|i| i as u8)
+                .collect();
+            let mut gpus: Vec<u8> = if by_uuid.len() == *count as usize {
+                by_uuid
+            } else {
+                let mut fitting: Vec<&crate::model::GpuDevice> = n
+                    .gpus
+                    .iter()
+                    .filter(|d| d.fits_fraction(*milli, *memory_mib))
+                    .collect();
+                // The fullest GPUs first, as HAMi's binpack and KAI's default policy do.
+                fitting.sort_by_key(|d| (GPU_MILLI - d.used_milli.min(GPU_MILLI), d.index));
+                fitting
+                    .iter()
+                    .take(*count as usize)
+                    .map(|d| d.index)
+                    .collect()
+            };
+            if gpus.len() < *count as usize {
+                return Err(format!(
+                    "{} does not fit the node's GPUs",
+                    pod.workload.gpu.describe()
+                ));
+            }
+            gpus.sort_unstable();
+            Ok(DeviceAssignment::Fraction {
+                gpus,
+                milli: *milli,
+                memory_mib: *memory_mib,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,717 @@
+//! Kubernetes `Node` → [`model::Node`]: capacity, GPUs in every sharing mode the NVIDIA stack
+//! advertises (whole, time-sliced, MIG mixed/single, HAMi), topology and lifecycle state.
+
+use super::error::{ObjCtx, SnapshotError};
+use super::instance_types::instance_gpus;
+use super::quantity;
+use crate::model::mig::{MigGeometry, MigPlacement, MigProfile};
+use crate::model::{
+    GpuCatalog, GpuDevice, GpuMode, GpuTopology, MigInstance, Node, NodeState, Resources, Taint,
+    TaintEffect,
+};
+use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use std::collections::BTreeMap;
+
+/// Labels naming the node group, most specific first (`gpuscale.io/node-group` overrides).
+pub const NODE_GROUP_LABELS: &[&str] = &[
+    "gpuscale.io/node-group",
+    "eks.amazonaws.com/nodegroup",
+    "alpha.eksctl.io/nodegroup-name",
+    "cloud.google.com/gke-nodepool",
+    "karpenter.sh/nodepool",
+];
+
+/// Taints that mark a node as being removed by an autoscaler.
+const DELETION_TAINTS: &[&str] = &["ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted"];
+
+const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
+
+/// A converted node plus what pod accounting needs to know about its devices.
+#[derive(Debug, Clone)]
+pub struct ConvertedNode {
+    /// The node.
+    pub node: Node,
+    /// HAMi device UUIDs by GPU index (empty on non-HAMi nodes).
+    pub gpu_uuids: Vec<String>,
+    /// MIG profile of every `nvidia.com/gpu` on a single-strategy MIG node.
+    pub mig_single_profile: Option<String>,
+}
+
+/// One GPU as HAMi's device plugin registers it on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HamiDevice {
+    /// GPU UUID.
+    pub uuid: String,
+    /// How many tasks may share it (`deviceSplitCount`).
+    pub split_count: u32,
+    /// Device memory in MiB.
+    pub memory_mib: u64,
+    /// Compute cores, percent.
+    pub cores: u32,
+    /// Device type, e.g. `NVIDIA-NVIDIA A100-SXM4-40GB`.
+    pub model: String,
+    /// NUMA node.
+    pub numa: u8,
+    /// Healthy.
+    pub healthy: bool,
+}
+
+/// Parses `hami.io/node-nvidia-register`: `uuid,count,mem,cores,type,numa,health:` per GPU
+/// (HAMi ≤ 2.4), or the JSON array of later versions.
+pub fn parse_hami_register(value: &str) -> Result<Vec<HamiDevice>, String> {
+    let value = value.trim();
+    if value.starts_with('[') {
+        let items: Vec<serde_json::Value> =
+            serde_json::from_str(value).map_err(|e| format!("invalid JSON: {e}"))?;
+        return items
+            .iter()
+            .map(|d| {
+                let s = |k: &str| d.get(k).and_then(|v| v.as_str()).map(str::to_string);
+                let n = |k: &str| d.get(k).and_then(serde_json::Value::as_u64);
+                Ok(HamiDevice {
+                    uuid: s("id").ok_or("device without id")?,
+                    split_count: n("count").unwrap_or(1) as u32,
+                    memory_mib: n("devmem").ok_or("device without devmem")?,
+                    cores: n("devcore").unwrap_or(100) as u32,
+                    model: s("type").unwrap_or_default(),
+                    numa: n("numa").unwrap_or(0) as u8,
+                    healthy: d
+                        .get("health")
+                        .and_then(serde_json::Value::as_bool)
+                        .unwrap_or(true),
+                })
+            })
+            .collect();
+    }
+    value
+        .split(':')
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| {
+            let f: Vec<&str> = d.split(',').map(str::trim).collect();
+            if f.len() < 7 {
+                return Err(format!(
+                    "device {d:?} has {} fields, expected uuid,count,mem,cores,type,numa,health",
+                    f.len()
+                ));
+            }
+            let num = |i: usize, what: &str| {
+                f[i].parse::<u64>()
+                    .map_err(|_| format!("device {}: {what} {:?} is not a number", f[0], f[i]))
+            };
+            Ok(HamiDevice {
+                uuid: f[0].to_string(),
+                split_count: num(1, "count")? as u32,
+                memory_mib: num(2, "memory")?,
+                cores: num(3, "cores")? as u32,
+                model: f[4].to_string(),
+                numa: num(5, "numa")? as u8,
+                healthy: f[6].eq_ignore_ascii_case("true"),
+            })
+        })
+        .collect()
+}
+
+/// Reads quantities out of `status.allocatable` with errors naming the field.
+struct Allocatable<'a> {
+    map: &'a BTreeMap<String, K8sQuantity>,
+    field: &'static str,
+    ctx: &'a ObjCtx<'a>,
+}
+
+impl Allocatable<'_> {
+    fn get(
+        &self,
+        key: &str,
+        parse: fn(&str) -> Result<u64, quantity::QuantityError>,
+    ) -> Result<u64, SnapshotError> {
+        match self.map.get(key) {
+            None => Ok(0),
+            Some(q) => {
+                parse(&q.0).map_err(|e| self.ctx.quantity(format!("{}.{key}", self.field), &q.0, e))
+            }
+        }
+    }
+
+    fn count(&self, key: &str) -> Result<u32, SnapshotError> {
+        let v = self.get(key, quantity::count)?;
+        u32::try_from(v).map_err(|_| {
+            self.ctx.quantity(
+                format!("{}.{key}", self.field),
+                &v.to_string(),
+                quantity::QuantityError::Overflow,
+            )
+        })
+    }
+}
+
+fn label_num<T: std::str::FromStr>(
+    ctx: &ObjCtx<'_>,
+    labels: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<T>, SnapshotError> {
+    labels
+        .get(key)
+        .map(|v| {
+            v.trim().parse::<T>().map_err(|_| {
+                ctx.invalid(
+                    format!("metadata.labels[{key}]"),
+                    v,
+                    "expected a non-negative integer",
+                )
+            })
+        })
+        .transpose()
+}
+
+/// Converts a Kubernetes Node. `origin` names the file for errors; unknown GPU products and
+/// similar oddities are reported in `warnings`.
+pub fn convert_node(
+    k: &k8s::Node,
+    origin: &str,
+    warnings: &mut Vec<String>,
+) -> Result<ConvertedNode, SnapshotError> {
+    let meta = &k.metadata;
+    let name = meta.name.clone().unwrap_or_default();
+    let ctx = ObjCtx {
+        origin,
+        object: format!("Node {name}"),
+    };
+    if name.is_empty() {
+        return Err(ctx.invalid("metadata.name", "", "a node needs a name"));
+    }
+    let labels = meta.labels.clone().unwrap_or_default();
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let spec = k.spec.clone().unwrap_or_default();
+    let status = k.status.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let (map, field) = match (&status.allocatable, &status.capacity) {
+        (Some(a), _) => (a, "status.allocatable"),
+        (None, Some(c)) => {
+            warnings.push(ctx.warning("no status.allocatable; using status.capacity"));
+            (c, "status.capacity")
+        }
+        (None, None) => {
+            warnings.push(ctx.warning("no status.allocatable; the node offers nothing"));
+            (&empty, "status.allocatable")
+        }
+    };
+    let alloc = Allocatable {
+        map,
+        field,
+        ctx: &ctx,
+    };
+    let allocatable = Resources {
+        cpu_milli: alloc.get("cpu", quantity::milli)?,
+        memory_bytes: alloc.get("memory", quantity::units)?,
+    };
+
+    let taints = spec
+        .taints
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, t)| {
+            let effect = match t.effect.as_str() {
+                "NoSchedule" => TaintEffect::NoSchedule,
+                "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+                "NoExecute" => TaintEffect::NoExecute,
+                other => {
+                    return Err(ctx.invalid(
+                        format!("spec.taints[{i}].effect"),
+                        other,
+                        "expected NoSchedule, PreferNoSchedule or NoExecute",
+                    ))
+                }
+            };
+            Ok(Taint {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let first_label = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| labels.get(*k).filter(|v| !v.is_empty()).cloned())
+    };
+    let zone = first_label(&[
+        "topology.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/zone",
+    ]);
+    let instance_type = first_label(&[
+        "node.kubernetes.io/instance-type",
+        "beta.kubernetes.io/instance-type",
+    ]);
+    let node_group = first_label(NODE_GROUP_LABELS);
+
+    let gpus = node_gpus(
+        &ctx,
+        &labels,
+        &annotations,
+        &alloc,
+        instance_type.as_deref(),
+        warnings,
+    )?;
+    let nvlink = gpus
+        .model
+        .as_deref()
+        .and_then(|m| GpuCatalog.resolve(m))
+        .is_some_and(|m| m.nvlink);
+    let mut topology = GpuTopology::uniform(gpus.devices.len(), nvlink);
+    topology.clique = labels.get("nvidia.com/gpu.clique").cloned();
+    if !gpus.numa.is_empty() && gpus.numa.iter().any(|&n| n != 0) {
+        topology.numa = gpus.numa.clone();
+    }
+
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .is_some_and(|c| c.status == "True");
+    let mig_reconfiguring = matches!(
+        labels
+            .get("nvidia.com/mig.config.state")
+            .map(String::as_str),
+        Some("pending" | "rebooting")
+    );
+    let deleting = meta.deletion_timestamp.is_some()
+        || taints.iter().any(|t| {
+            DELETION_TAINTS.contains(&t.key.as_str())
+                || (t.key == "karpenter.sh/disruption" && t.value == "disrupting")
+        });
+    let state = if deleting {
+        NodeState::Deleting
+    } else if !ready || gpus.awaiting_device_plugin || mig_reconfiguring {
+        NodeState::Initializing
+    } else {
+        NodeState::Ready
+    };
+    let is_true = |key: &str| {
+        annotations
+            .get(key)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    };
+    let scale_down_disabled = is_true("cluster-autoscaler.kubernetes.io/scale-down-disabled")
+        || is_true("karpenter.sh/do-not-disrupt");
+
+    Ok(ConvertedNode {
+        node: Node {
+            name,
+            allocatable,
+            allocated: Resources::default(),
+            gpu_model: gpus.model,
+            gpus: gpus.devices,
+            topology,
+            labels,
+            taints,
+            zone,
+            node_group,
+            instance_type,
+            provider_id: spec.provider_id.clone(),
+            unschedulable: spec.unschedulable.unwrap_or(false),
+            state,
+            scale_down_disabled,
+        },
+        gpu_uuids: gpus.uuids,
+        mig_single_profile: gpus.mig_single_profile,
+    })
+}
+
+/// The GPU side of a node.
+#[derive(Debug, Default)]
+struct NodeGpus {
+    model: Option<String>,
+    devices: Vec<GpuDevice>,
+    uuids: Vec<String>,
+    numa: Vec<u8>,
+    mig_single_profile: Option<String>,
+    /// A GPU node whose device plugin advertises no GPUs yet.
+    awaiting_device_plugin: bool,
+}
+
+fn node_gpus(
+    ctx: &ObjCtx<'_>,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    alloc: &Allocatable<'_>,
+    instance_type: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<NodeGpus, SnapshotError> {
+    let replicas: u32 = label_num(ctx, labels, "nvidia.com/gpu.replicas")?.unwrap_or(1);
+    let label_count: Option<u32> = label_num(ctx, labels, "nvidia.com/gpu.count")?;
+    let label_memory: Option<u64> = label_num(ctx, labels, "nvidia.com/gpu.memory")?;
+    let karpenter_count: Option<u32> =
+        label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-count")?;
+    let karpenter_memory: Option<u64> =
+        label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-memory")?;
+    let from_instance = instance_type.and_then(instance_gpus);
+    let hami = annotations
+        .get(HAMI_REGISTER)
+        .map(|v| {
+            parse_hami_register(v)
+                .map_err(|e| ctx.invalid(format!("metadata.annotations[{HAMI_REGISTER}]"), v, e))
+        })
+        .transpose()?;
+
+    let product_label = labels.get("nvidia.com/gpu.product").cloned();
+    let raw_product = product_label
+        .clone()
+        .or_else(|| labels.get("cloud.google.com/gke-accelerator").cloned())
+        .or_else(|| labels.get("karpenter.k8s.aws/instance-gpu-name").cloned())
+        .or_else(|| {
+            hami.as_ref()
+                .and_then(|d| d.first())
+                .map(|d| d.model.clone())
+        })
+        .or_else(|| from_instance.map(|(m, _)| m.to_string()));
+    let product = raw_product
+        .as_deref()
+        .map(|p| p.strip_suffix("-SHARED").unwrap_or(p));
+    let spec = product.and_then(|p| GpuCatalog.resolve(p));
+    let model = match (spec, product) {
+        (Some(s), _) => Some(s.name.to_string()),
+        (None, Some(p)) => {
+            warnings.push(ctx.warning(format!(
+                "GPU product {p:?} is not in the GPU catalog; keeping the raw name"
+            )));
+            Some(p.to_string())
+        }
+        (None, None) => None,
+    };
+    let geometry = spec.and_then(|s| s.mig);
+    let mig_single = labels.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single");
+    let single_profile = product_label
+        .as_deref()
+        .and_then(|p| p.split_once("-MIG-"))
+        .map(|(_, profile)| profile.to_string());
+    // In the single strategy GFD reports MIG devices as the GPUs (count and memory of the
+    // instances), so physical numbers come from the catalog and the instance type instead.
+    let physical_count = if mig_single && single_profile.is_some() {
+        from_instance.map(|(_, n)| n).or(karpenter_count)
+    } else {
+        label_count
+            .or(karpenter_count)
+            .or(from_instance.map(|(_, n)| n))
+    };
+    let memory_mib = if mig_single && single_profile.is_some() {
+        spec.map(|s| s.memory_mib).or(karpenter_memory).unwrap_or(0)
+    } else {
+        label_memory
+            .or(karpenter_memory)
+            .or(spec.map(|s| s.memory_mib))
+            .unwrap_or(0)
+    };
+
+    let whole = alloc.count("nvidia.com/gpu")?;
+    let shared = alloc.count("nvidia.com/gpu.shared")?;
+    let mut mig: Vec<(String, u32)> = Vec::new();
+    for key in alloc.map.keys() {
+        if let Some(profile) = key.strip_prefix("nvidia.com/mig-") {
+            let n = alloc.count(key)?;
+            if n > 0 {
+                mig.push((profile.to_string(), n));
+            }
+        } else if key.starts_with("nvidia.com/")
+            && key != "nvidia.com/gpu"
+            && key != "nvidia.com/gpu.shared"
+        {
+            warnings.push(ctx.warning(format!("ignoring unknown GPU resource {key}")));
+        }
+    }
+
+    let mut out = NodeGpus {
+        model,
+        ..Default::default()
+    };
+    let standard = |n: u32| {
+        (0..n)
+            .map(|i| GpuDevice::standard(i as u8, memory_mib))
+            .collect()
+    };
+
+    if let Some(devices) = hami {
+        // HAMi shares each GPU by memory and cores: physical devices in Standard mode.
+        for d in devices {
+            if !d.healthy {
+                warnings
+                    .push(ctx.warning(format!("HAMi reports GPU {} unhealthy; skipped", d.uuid)));
+                continue;
+            }
+            out.devices
+                .push(GpuDevice::standard(out.devices.len() as u8, d.memory_mib));
+            out.numa.push(d.numa);
+            out.uuids.push(d.uuid);
+        }
+        return Ok(out);
+    }
+
+    if mig_single && whole > 0 {
+        if let Some(profile_name) = single_profile {
+            let field = format!("{}.nvidia.com/gpu", alloc.field);
+            let (geometry, profile) =
+                mig_profile(ctx, geometry, &out.model, &profile_name, &field)?;
+            let per_gpu = max_per_gpu(geometry, profile).max(1);
+            let n = physical_count.unwrap_or(whole.div_ceil(per_gpu));
+            let layouts =
+                layout_mig(geometry, &[(profile, whole)], Some(n as usize)).ok_or_else(|| {
+                    ctx.invalid(
+                        field,
+                        whole.to_string(),
+                        format!("{whole} MIG {profile_name} instances do not fit on {n} GPUs"),
+                    )
+                })?;
+            out.devices = mig_devices(layouts, memory_mib, 0);
+            out.mig_single_profile = Some(profile_name);
+            return Ok(out);
+        }
+    }
+
+    if !mig.is_empty() {
+        let mut requests = Vec::new();
+        for (name, n) in &mig {
+            let field = format!("{}.nvidia.com/mig-{name}", alloc.field);
+            let (_, profile) = mig_profile(ctx, geometry, &out.model, name, &field)?;
+            requests.push((profile, *n));
+        }
+        let geometry = geometry.expect("mig_profile checked the geometry");
+        // GPUs with MIG disabled still advertise nvidia.com/gpu in the mixed strategy.
+        let mig_gpus = physical_count
+            .map(|n| n.saturating_sub(whole))
+            .filter(|&n| n > 0);
+        let layouts =
+            layout_mig(geometry, &requests, mig_gpus.map(|n| n as usize)).ok_or_else(|| {
+                let listed: Vec<String> = mig.iter().map(|(p, n)| format!("{n}x {p}")).collect();
+                ctx.invalid(
+                    format!("{}.nvidia.com/mig-*", alloc.field),
+                    listed.join(", "),
+                    format!(
+                        "the MIG instances do not fit on {} GPUs",
+                        mig_gpus.unwrap_or_default()
+                    ),
+                )
+            })?;
+        let mut devices: Vec<GpuDevice> = standard(whole);
+        devices.extend(mig_devices(layouts, memory_mib, whole));
+        out.devices = devices;
+        return Ok(out);
+    }
+
+    if replicas > 1 && (whole > 0 || shared > 0) {
+        let slots = if shared > 0 { shared } else { whole };
+        let n = slots.div_ceil(replicas);
+        if slots % replicas != 0 {
+            warnings.push(ctx.warning(format!(
+                "{slots} time-sliced replicas is not a multiple of nvidia.com/gpu.replicas={replicas}; assuming {n} GPUs"
+            )));
+        }
+        out.devices = (0..n)
+            .map(|i| GpuDevice {
+                mode: GpuMode::TimeSliced { replicas },
+                ..GpuDevice::standard(i as u8, memory_mib)
+            })
+            .collect();
+        return Ok(out);
+    }
+
+    if shared > 0 {
+        // Renamed shared resource without the replicas label: derive replicas from the count.
+        let n = physical_count.filter(|&n| n > 0 && shared % n == 0).ok_or_else(|| {
+            ctx.invalid(
+                format!("{}.nvidia.com/gpu.shared", alloc.field),
+                shared.to_string(),
+                "time-sliced GPUs without nvidia.com/gpu.replicas need nvidia.com/gpu.count dividing the shared count",
+            )
+        })?;
+        out.devices = (0..n)
+            .map(|i| GpuDevice {
+                mode: GpuMode::TimeSliced {
+                    replicas: shared / n,
+                },
+                ..GpuDevice::standard(i as u8, memory_mib)
+            })
+            .collect();
+        return Ok(out);
+    }
+
+    if whole > 0 {
+        out.devices = standard(whole);
+        return Ok(out);
+    }
+
+    // No GPU resources advertised: a GPU node here is one whose device plugin (or MIG manager)
+    // has not finished. Count its expected GPUs as capacity on the way.
+    let gpu_node = labels.get("nvidia.com/gpu.present").map(String::as_str) == Some("true")
+        || physical_count.unwrap_or(0) > 0
+        || product_label.is_some();
+    if gpu_node {
+        out.awaiting_device_plugin = true;
+        let n = physical_count.unwrap_or(0);
+        out.devices = (0..n)
+            .map(|i| GpuDevice {
+                mode: if replicas > 1 {
+                    GpuMode::TimeSliced { replicas }
+                } else {
+                    GpuMode::Standard
+                },
+                ..GpuDevice::standard(i as u8, memory_mib)
+            })
+            .collect();
+        if n == 0 {
+            warnings.push(ctx.warning(
+                "GPU node advertises no GPUs and its GPU count is unknown; counted as initializing with 0 GPUs",
+            ));
+        }
+    } else {
+        out.model = None;
+    }
+    Ok(out)
+}
+
+fn mig_profile<'g>(
+    ctx: &ObjCtx<'_>,
+    geometry: Option<&'g MigGeometry>,
+    model: &Option<String>,
+    profile: &str,
+    field: &str,
+) -> Result<(&'g MigGeometry, &'g MigProfile), SnapshotError> {
+    let model = model.as_deref().unwrap_or("unknown");
+    let geometry = geometry.ok_or_else(|| {
+        ctx.invalid(
+            field,
+            profile,
+            format!("GPU model {model} has no known MIG geometry"),
+        )
+    })?;
+    let p = geometry.profile(profile).ok_or_else(|| {
+        let known: Vec<&str> = geometry.profiles.iter().map(|p| p.name).collect();
+        ctx.invalid(
+            field,
+            profile,
+            format!(
+                "MIG profile {profile} does not exist on {model} (known: {})",
+                known.join(", ")
+            ),
+        )
+    })?;
+    Ok((geometry, p))
+}
+
+/// How many instances of `profile` one empty GPU holds.
+fn max_per_gpu(geometry: &MigGeometry, profile: &MigProfile) -> u32 {
+    let mut layout = Vec::new();
+    while let Some(start) = geometry.best_start(&layout, profile) {
+        layout.push(MigPlacement {
+            profile: profile.name.to_string(),
+            start,
+        });
+    }
+    layout.len() as u32
+}
+
+/// Turns per-GPU MIG layouts into devices, indexed from `first_index`.
+fn mig_devices(
+    layouts: Vec<Vec<MigPlacement>>,
+    memory_mib: u64,
+    first_index: u32,
+) -> Vec<GpuDevice> {
+    layouts
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut layout)| {
+            layout.sort_by_key(|p| p.start);
+            GpuDevice {
+                mode: GpuMode::Mig {
+                    instances: layout
+                        .into_iter()
+                        .map(|placement| MigInstance {
+                            placement,
+                            used: false,
+                        })
+                        .collect(),
+                    dynamic: false,
+                },
+                ..GpuDevice::standard((first_index as usize + i) as u8, memory_mib)
+            }
+        })
+        .collect()
+}
+
+/// Distributes MIG instances over GPUs with valid placements, largest profiles first. With
+/// `gpus = None` it uses as few GPUs as it can. Tries spreading (most free compute first, which
+/// reproduces the uniform per-GPU layouts of mig-parted configs) and then first fit.
+pub fn layout_mig(
+    geometry: &MigGeometry,
+    requests: &[(&MigProfile, u32)],
+    gpus: Option<usize>,
+) -> Option<Vec<Vec<MigPlacement>>> {
+    let mut instances: Vec<&MigProfile> = requests
+        .iter()
+        .flat_map(|(p, n)| std::iter::repeat_n(*p, *n as usize))
+        .collect();
+    instances.sort_by(|a, b| {
+        (b.memory_slices, b.compute_slices, a.name).cmp(&(
+            a.memory_slices,
+            a.compute_slices,
+            b.name,
+        ))
+    });
+    let try_with = |n: usize| {
+        [true, false]
+            .into_iter()
+            .find_map(|spread| place_all(geometry, &instances, n, spread))
+    };
+    match gpus {
+        Some(n) => try_with(n),
+        None => {
+            let compute: u32 = instances.iter().map(|p| u32::from(p.compute_slices)).sum();
+            let memory: u32 = instances.iter().map(|p| u32::from(p.memory_slices)).sum();
+            let lower = compute
+                .div_ceil(u32::from(geometry.compute_slices))
+                .max(memory.div_ceil(u32::from(geometry.memory_slices)))
+                .max(1) as usize;
+            (lower..=instances.len().max(lower)).find_map(try_with)
+        }
+    }
+}
+
+fn place_all(
+    geometry: &MigGeometry,
+    instances: &[&MigProfile],
+    gpus: usize,
+    spread: bool,
+) -> Option<Vec<Vec<MigPlacement>>> {
+    let mut layouts: Vec<Vec<MigPlacement>> = vec![Vec::new(); gpus];
+    for profile in instances {
+        let mut best: Option<(usize, u8, (u8, u32))> = None;
+        for (g, layout) in layouts.iter().enumerate() {
+            let Some(start) = geometry.best_start(layout, profile) else {
+                continue;
+            };
+            let (occupied, compute) = geometry.occupancy(layout)?;
+            let free = (
+                geometry.compute_slices - compute,
+                u32::from(geometry.memory_slices) - occupied.count_ones(),
+            );
+            let better = match &best {
+                None => true,
+                Some((_, _, f)) => spread && free > *f,
+            };
+            if better {
+                best = Some((g, start, free));
+            }
+            if !spread {
+                break;
+            }
+        }
+        let (g, start, _) = best?;
+        layouts[g].push(MigPlacement {
+            profile: profile.name.to_string(),
+            start,
+        });
+    }
+    debug_assert!(layouts.iter().all(|l| geometry.validate(l).is_ok()));
+    Some(layouts)
+}

@@ -1,0 +1,637 @@
+//! Kubernetes `Pod` → [`model::Workload`]: effective requests, GPU demand in every spelling
+//! (device plugin, MIG, time-slicing, HAMi, KAI), placement constraints, gang and tenant.
+
+use super::error::{ObjCtx, SnapshotError};
+use super::quantity;
+use crate::model::{
+    GpuCatalog, GpuDemand, NodeSelectorRequirement, OwnerKind, Resources, SelectorOperator,
+    TaintEffect, Toleration, TolerationOperator, Workload,
+};
+use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use std::collections::BTreeMap;
+
+/// HAMi's record of the GPUs a bound pod got: `uuid,type,mem,cores:` per device, `;` per
+/// container.
+pub const HAMI_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+
+/// A converted pod plus what pod accounting and late resolution need.
+#[derive(Debug, Clone)]
+pub struct ConvertedPod {
+    /// The workload.
+    pub workload: Workload,
+    /// GPU UUIDs HAMi allocated to the pod, when bound through HAMi.
+    pub gpu_uuids: Vec<String>,
+    /// HAMi `nvidia.com/gpumem-percentage`, resolved to MiB once the node's GPU is known.
+    pub gpumem_percentage: Option<u32>,
+}
+
+/// Effective requests of a pod: resource name → amount (milli-CPU for `cpu`, whole counts for
+/// extended resources, base units otherwise), with the field each resource was first read from.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EffectiveRequests {
+    /// Amounts.
+    pub amounts: BTreeMap<String, u64>,
+    /// Field path where each resource was first seen, for errors.
+    pub fields: BTreeMap<String, String>,
+}
+
+fn is_extended(name: &str) -> bool {
+    name.contains('/') && !name.starts_with("kubernetes.io/") && !name.contains(".kubernetes.io/")
+}
+
+fn parse_resource(
+    ctx: &ObjCtx<'_>,
+    field: &str,
+    name: &str,
+    q: &K8sQuantity,
+) -> Result<u64, SnapshotError> {
+    let parsed = if name == "cpu" {
+        quantity::milli(&q.0)
+    } else if is_extended(name) {
+        quantity::count(&q.0)
+    } else {
+        quantity::units(&q.0)
+    };
+    parsed.map_err(|e| ctx.quantity(field, &q.0, e))
+}
+
+/// A container's requests after API-server defaulting: a resource with a limit but no request
+/// requests its limit.
+fn container_requests(
+    ctx: &ObjCtx<'_>,
+    c: &k8s::Container,
+    prefix: &str,
+    fields: &mut BTreeMap<String, String>,
+) -> Result<BTreeMap<String, u64>, SnapshotError> {
+    let mut out = BTreeMap::new();
+    let Some(res) = &c.resources else {
+        return Ok(out);
+    };
+    let requests = res.requests.clone().unwrap_or_default();
+    for (name, q) in &requests {
+        let field = format!("{prefix}.resources.requests.{name}");
+        out.insert(name.clone(), parse_resource(ctx, &field, name, q)?);
+        fields.entry(name.clone()).or_insert(field);
+    }
+    for (name, q) in res.limits.iter().flatten() {
+        if !requests.contains_key(name) {
+            let field = format!("{prefix}.resources.limits.{name}");
+            out.insert(name.clone(), parse_resource(ctx, &field, name, q)?);
+            fields.entry(name.clone()).or_insert(field);
+        }
+    }
+    Ok(out)
+}
+
+fn add_into(acc: &mut BTreeMap<String, u64>, other: &BTreeMap<String, u64>) {
+    for (k, v) in other {
+        *acc.entry(k.clone()).or_default() += v;
+    }
+}
+
+fn max_into(acc: &mut BTreeMap<String, u64>, other: &BTreeMap<String, u64>) {
+    for (k, v) in other {
+        let e = acc.entry(k.clone()).or_default();
+        *e = (*e).max(*v);
+    }
+}
+
+/// The Kubernetes formula (`resourcehelper.PodRequests`): the larger of the containers' sum and
+/// each init container's need (restartable sidecars run alongside everything started after
+/// them), plus pod overhead; pod-level `spec.resources` replaces CPU and memory when set.
+pub(crate) fn effective_requests(
+    ctx: &ObjCtx<'_>,
+    spec: &k8s::PodSpec,
+) -> Result<EffectiveRequests, SnapshotError> {
+    let mut fields = BTreeMap::new();
+    let mut sum = BTreeMap::new();
+    for (i, c) in spec.containers.iter().enumerate() {
+        let r = container_requests(ctx, c, &format!("spec.containers[{i}]"), &mut fields)?;
+        add_into(&mut sum, &r);
+    }
+    let mut sidecars: BTreeMap<String, u64> = BTreeMap::new();
+    let mut init_max: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        let r = container_requests(ctx, c, &format!("spec.initContainers[{i}]"), &mut fields)?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            add_into(&mut sum, &r);
+            add_into(&mut sidecars, &r);
+            max_into(&mut init_max, &sidecars);
+        } else {
+            let mut need = r;
+            add_into(&mut need, &sidecars);
+            max_into(&mut init_max, &need);
+        }
+    }
+    max_into(&mut sum, &init_max);
+    if let Some(pod_level) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+        for name in ["cpu", "memory"] {
+            if let Some(q) = pod_level.get(name) {
+                let field = format!("spec.resources.requests.{name}");
+                sum.insert(name.to_string(), parse_resource(ctx, &field, name, q)?);
+                fields.insert(name.to_string(), field);
+            }
+        }
+    }
+    for (name, q) in spec.overhead.iter().flatten() {
+        let field = format!("spec.overhead.{name}");
+        let v = parse_resource(ctx, &field, name, q)?;
+        *sum.entry(name.clone()).or_default() += v;
+        fields.entry(name.clone()).or_insert(field);
+    }
+    Ok(EffectiveRequests {
+        amounts: sum,
+        fields,
+    })
+}
+
+/// Translates GPU resources and KAI annotations into one [`GpuDemand`]. Mixed or contradictory
+/// requests and unknown `nvidia.com/*` resources are errors: guessing would misplace the pod.
+pub(crate) fn gpu_demand(
+    ctx: &ObjCtx<'_>,
+    requests: &EffectiveRequests,
+    annotations: &BTreeMap<String, String>,
+) -> Result<(GpuDemand, Option<u32>), SnapshotError> {
+    let field = |k: &str| {
+        requests
+            .fields
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| format!("resources.requests.{k}"))
+    };
+    let mut whole = 0u64;
+    let mut shared = 0u64;
+    let mut mig: Vec<(String, u64)> = Vec::new();
+    let mut hami: BTreeMap<&str, u64> = BTreeMap::new();
+    for (name, &v) in &requests.amounts {
+        let Some(rest) = name.strip_prefix("nvidia.com/") else {
+            continue;
+        };
+        if v == 0 {
+            continue;
+        }
+        match rest {
+            "gpu" => whole = v,
+            "gpu.shared" => shared = v,
+            "gpumem" | "gpumem-percentage" | "gpucores" => {
+                hami.insert(rest, v);
+            }
+            _ if rest.starts_with("mig-") => mig.push((rest["mig-".len()..].to_string(), v)),
+            _ => {
+                return Err(ctx.invalid(
+                    field(name),
+                    v.to_string(),
+                    format!("unknown GPU resource {name}"),
+                ))
+            }
+        }
+    }
+    let kai_keys = ["gpu-fraction", "gpu-memory", "gpu-fraction-num-devices"];
+    let kai: BTreeMap<&str, &String> = kai_keys
+        .iter()
+        .filter_map(|k| annotations.get(*k).map(|v| (*k, v)))
+        .collect();
+    let ann = |k: &str| format!("metadata.annotations[{k}]");
+    let u32_of = |f: String, v: u64| {
+        u32::try_from(v).map_err(|_| ctx.invalid(f, v.to_string(), "too large"))
+    };
+
+    let mut kinds = Vec::new();
+    if whole > 0 && hami.is_empty() {
+        kinds.push(field("nvidia.com/gpu"));
+    }
+    if shared > 0 {
+        kinds.push(field("nvidia.com/gpu.shared"));
+    }
+    for (p, _) in &mig {
+        kinds.push(field(&format!("nvidia.com/mig-{p}")));
+    }
+    if !hami.is_empty() {
+        kinds.push(field(&format!(
+            "nvidia.com/{}",
+            hami.keys().next().copied().unwrap_or("gpumem")
+        )));
+    }
+    if !kai.is_empty() {
+        kinds.push(ann(kai.keys().next().copied().unwrap_or("gpu-fraction")));
+    }
+    if kinds.len() > 1 {
+        return Err(ctx.invalid(
+            kinds[1].clone(),
+            kinds.join(" + "),
+            format!(
+                "mixed GPU requests: {} together with {}",
+                kinds[1], kinds[0]
+            ),
+        ));
+    }
+
+    if !hami.is_empty() {
+        if whole == 0 {
+            let k = hami.keys().next().copied().unwrap_or("gpumem");
+            return Err(ctx.invalid(
+                field(&format!("nvidia.com/{k}")),
+                hami[k].to_string(),
+                "HAMi nvidia.com/gpumem, gpumem-percentage and gpucores need nvidia.com/gpu (the number of GPUs)",
+            ));
+        }
+        if hami.contains_key("gpumem") && hami.contains_key("gpumem-percentage") {
+            return Err(ctx.invalid(
+                field("nvidia.com/gpumem-percentage"),
+                hami["gpumem-percentage"].to_string(),
+                "nvidia.com/gpumem and nvidia.com/gpumem-percentage contradict each other",
+            ));
+        }
+        for k in ["gpucores", "gpumem-percentage"] {
+            if let Some(&v) = hami.get(k) {
+                if v > 100 {
+                    return Err(ctx.invalid(
+                        field(&format!("nvidia.com/{k}")),
+                        v.to_string(),
+                        "a percentage must be at most 100",
+                    ));
+                }
+            }
+        }
+        let cores = hami.get("gpucores").copied().unwrap_or(0) as u32;
+        return Ok((
+            GpuDemand::Fraction {
+                count: u32_of(field("nvidia.com/gpu"), whole)?,
+                milli: cores * 10,
+                memory_mib: hami.get("gpumem").copied().unwrap_or(0),
+            },
+            hami.get("gpumem-percentage").map(|&p| p as u32),
+        ));
+    }
+    if !kai.is_empty() {
+        let count = match kai.get("gpu-fraction-num-devices") {
+            None => 1,
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    ctx.invalid(
+                        ann("gpu-fraction-num-devices"),
+                        v.as_str(),
+                        "expected a positive integer",
+                    )
+                })?,
+        };
+        return match (kai.get("gpu-fraction"), kai.get("gpu-memory")) {
+            (Some(_), Some(m)) => Err(ctx.invalid(
+                ann("gpu-memory"),
+                m.as_str(),
+                "gpu-fraction and gpu-memory contradict each other",
+            )),
+            (Some(f), None) => {
+                let milli = quantity::Quantity::parse(f)
+                    .and_then(|q| q.scaled_ceil(3))
+                    .ok()
+                    .filter(|m| (1..=1000).contains(m))
+                    .ok_or_else(|| {
+                        ctx.invalid(
+                            ann("gpu-fraction"),
+                            f.as_str(),
+                            "expected a fraction in (0, 1]",
+                        )
+                    })?;
+                Ok((
+                    GpuDemand::Fraction {
+                        count,
+                        milli: milli as u32,
+                        memory_mib: 0,
+                    },
+                    None,
+                ))
+            }
+            (None, Some(m)) => {
+                let mib = m
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| {
+                        ctx.invalid(
+                            ann("gpu-memory"),
+                            m.as_str(),
+                            "expected a positive number of MiB",
+                        )
+                    })?;
+                Ok((
+                    GpuDemand::Fraction {
+                        count,
+                        milli: 0,
+                        memory_mib: mib,
+                    },
+                    None,
+                ))
+            }
+            (None, None) => Err(ctx.invalid(
+                ann("gpu-fraction-num-devices"),
+                kai["gpu-fraction-num-devices"].as_str(),
+                "gpu-fraction-num-devices needs gpu-fraction or gpu-memory",
+            )),
+        };
+    }
+    let demand = if whole > 0 {
+        GpuDemand::Whole {
+            count: u32_of(field("nvidia.com/gpu"), whole)?,
+        }
+    } else if shared > 0 {
+        GpuDemand::Shared {
+            count: u32_of(field("nvidia.com/gpu.shared"), shared)?,
+        }
+    } else if let Some((profile, n)) = mig.into_iter().next() {
+        let f = field(&format!("nvidia.com/mig-{profile}"));
+        GpuDemand::Mig {
+            count: u32_of(f, n)?,
+            profile,
+        }
+    } else {
+        GpuDemand::None
+    };
+    Ok((demand, None))
+}
+
+fn selector_operator(
+    ctx: &ObjCtx<'_>,
+    field: &str,
+    op: &str,
+) -> Result<SelectorOperator, SnapshotError> {
+    Ok(match op {
+        "In" => SelectorOperator::In,
+        "NotIn" => SelectorOperator::NotIn,
+        "Exists" => SelectorOperator::Exists,
+        "DoesNotExist" => SelectorOperator::DoesNotExist,
+        "Gt" => SelectorOperator::Gt,
+        "Lt" => SelectorOperator::Lt,
+        other => return Err(ctx.invalid(field, other, "unknown selector operator")),
+    })
+}
+
+fn affinity_terms(
+    ctx: &ObjCtx<'_>,
+    spec: &k8s::PodSpec,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Vec<NodeSelectorRequirement>>, SnapshotError> {
+    let Some(required) = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return Ok(Vec::new());
+    };
+    let mut terms = Vec::new();
+    let base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution";
+    for (t, term) in required.node_selector_terms.iter().enumerate() {
+        let mut reqs = Vec::new();
+        for (i, e) in term.match_expressions.iter().flatten().enumerate() {
+            let f = format!("{base}.nodeSelectorTerms[{t}].matchExpressions[{i}].operator");
+            reqs.push(NodeSelectorRequirement {
+                key: e.key.clone(),
+                operator: selector_operator(ctx, &f, &e.operator)?,
+                values: e.values.clone().unwrap_or_default(),
+            });
+        }
+        for (i, e) in term.match_fields.iter().flatten().enumerate() {
+            if e.key == "metadata.name" {
+                // DaemonSet pods pin themselves by node name; nodes carry it as hostname label.
+                let f = format!("{base}.nodeSelectorTerms[{t}].matchFields[{i}].operator");
+                reqs.push(NodeSelectorRequirement {
+                    key: "kubernetes.io/hostname".into(),
+                    operator: selector_operator(ctx, &f, &e.operator)?,
+                    values: e.values.clone().unwrap_or_default(),
+                });
+            } else {
+                warnings.push(ctx.warning(format!(
+                    "ignoring node affinity on field {} (only metadata.name is supported)",
+                    e.key
+                )));
+            }
+        }
+        if reqs.is_empty() {
+            // An empty term matches no node in Kubernetes; dropping it keeps the other terms.
+            warnings.push(ctx.warning(format!(
+                "node affinity term {t} is empty and matches no node; ignored"
+            )));
+            continue;
+        }
+        terms.push(reqs);
+    }
+    Ok(terms)
+}
+
+fn tolerations(ctx: &ObjCtx<'_>, spec: &k8s::PodSpec) -> Result<Vec<Toleration>, SnapshotError> {
+    spec.tolerations
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, t)| {
+            let operator = match t.operator.as_deref() {
+                None | Some("") | Some("Equal") => TolerationOperator::Equal,
+                Some("Exists") => TolerationOperator::Exists,
+                Some(other) => {
+                    return Err(ctx.invalid(
+                        format!("spec.tolerations[{i}].operator"),
+                        other,
+                        "expected Equal or Exists",
+                    ))
+                }
+            };
+            let effect = match t.effect.as_deref() {
+                None | Some("") => None,
+                Some("NoSchedule") => Some(TaintEffect::NoSchedule),
+                Some("PreferNoSchedule") => Some(TaintEffect::PreferNoSchedule),
+                Some("NoExecute") => Some(TaintEffect::NoExecute),
+                Some(other) => {
+                    return Err(ctx.invalid(
+                        format!("spec.tolerations[{i}].effect"),
+                        other,
+                        "expected NoSchedule, PreferNoSchedule or NoExecute",
+                    ))
+                }
+            };
+            Ok(Toleration {
+                key: t.key.clone().unwrap_or_default(),
+                operator,
+                value: t.value.clone().unwrap_or_default(),
+                effect,
+            })
+        })
+        .collect()
+}
+
+fn owner_kind(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> OwnerKind {
+    let refs = meta.owner_references.as_deref().unwrap_or_default();
+    let owner = refs
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .or_else(|| refs.first());
+    match owner.map(|r| r.kind.as_str()) {
+        None => OwnerKind::None,
+        Some("ReplicaSet") => OwnerKind::ReplicaSet,
+        Some("StatefulSet") => OwnerKind::StatefulSet,
+        Some("Job") => OwnerKind::Job,
+        Some("DaemonSet") => OwnerKind::DaemonSet,
+        Some("Node") => OwnerKind::Node,
+        Some(other) => OwnerKind::Other(other.to_string()),
+    }
+}
+
+/// Gang name (without namespace) and its own size hint, from the conventions of the
+/// coscheduling plugin, Volcano, LeaderWorkerSet, JobSet and Kubeflow, in that order.
+fn gang_of(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<(String, Option<u32>)> {
+    if let Some(g) = labels.get("scheduling.x-k8s.io/pod-group") {
+        return Some((g.clone(), None));
+    }
+    if let Some(g) = annotations.get("scheduling.k8s.io/group-name") {
+        return Some((g.clone(), None));
+    }
+    if let Some(name) = labels.get("leaderworkerset.sigs.k8s.io/name") {
+        let index = labels
+            .get("leaderworkerset.sigs.k8s.io/group-index")
+            .map_or_else(String::new, |i| format!("-{i}"));
+        let size = annotations
+            .get("leaderworkerset.sigs.k8s.io/size")
+            .and_then(|s| s.parse().ok());
+        return Some((format!("{name}{index}"), size));
+    }
+    if let Some(name) = labels.get("jobset.sigs.k8s.io/jobset-name") {
+        return Some((name.clone(), None));
+    }
+    labels
+        .get("training.kubeflow.org/job-name")
+        .map(|name| (name.clone(), None))
+}
+
+/// GPU models accepted through HAMi's `nvidia.com/use-gputype` (substring match, as HAMi does).
+fn use_gpu_types(value: &str) -> Vec<String> {
+    let mut models = Vec::new();
+    for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let t = token.to_ascii_uppercase();
+        for m in GpuCatalog.models() {
+            let hit = m.name.to_ascii_uppercase().contains(&t)
+                || m.aliases
+                    .iter()
+                    .any(|a| a.to_ascii_uppercase().contains(&t));
+            if hit && !models.iter().any(|x: &String| x == m.name) {
+                models.push(m.name.to_string());
+            }
+        }
+    }
+    models
+}
+
+/// Converts a Pod; `None` for pods that no longer need resources (Succeeded, Failed).
+/// `pod_groups` maps `namespace/name` of PodGroup objects to their `minMember`.
+pub fn convert_pod(
+    k: &k8s::Pod,
+    origin: &str,
+    pod_groups: &BTreeMap<String, u32>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<ConvertedPod>, SnapshotError> {
+    let meta = &k.metadata;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = meta.name.clone().unwrap_or_default();
+    let ctx = ObjCtx {
+        origin,
+        object: format!("Pod {namespace}/{name}"),
+    };
+    if name.is_empty() {
+        return Err(ctx.invalid("metadata.name", "", "a pod needs a name"));
+    }
+    match k.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        None | Some("Pending" | "Running") => {}
+        Some("Succeeded" | "Failed") => return Ok(None),
+        Some(other) => {
+            warnings.push(ctx.warning(format!("phase {other}; skipped")));
+            return Ok(None);
+        }
+    }
+    let spec = k.spec.clone().unwrap_or_default();
+    let labels = meta.labels.clone().unwrap_or_default();
+    let annotations = meta.annotations.clone().unwrap_or_default();
+
+    let requests = effective_requests(&ctx, &spec)?;
+    let (gpu, gpumem_percentage) = gpu_demand(&ctx, &requests, &annotations)?;
+    let amount = |k: &str| requests.amounts.get(k).copied().unwrap_or(0);
+
+    let is = |k: &str, v: &str| {
+        annotations
+            .get(k)
+            .is_some_and(|x| x.eq_ignore_ascii_case(v))
+    };
+    let eviction_blocked = if is("karpenter.sh/do-not-disrupt", "true") {
+        Some("karpenter.sh/do-not-disrupt=true".to_string())
+    } else if is("cluster-autoscaler.kubernetes.io/safe-to-evict", "false") {
+        Some("cluster-autoscaler.kubernetes.io/safe-to-evict=false".to_string())
+    } else {
+        None
+    };
+
+    let (gang, gang_min_members) = match gang_of(&labels, &annotations) {
+        Some((g, size)) => {
+            let id = format!("{namespace}/{g}");
+            let min = pod_groups.get(&id).copied().or(size);
+            (Some(id), min)
+        }
+        None => (None, None),
+    };
+    let tenant = labels
+        .get("gpuscale.io/tenant")
+        .or_else(|| labels.get("kueue.x-k8s.io/queue-name"))
+        .cloned()
+        .unwrap_or_else(|| namespace.clone());
+    let gpu_uuids = annotations
+        .get(HAMI_ALLOCATED)
+        .map(|v| {
+            v.split([';', ':'])
+                .filter_map(|d| d.split(',').next())
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+
+    let workload = Workload {
+        id: format!("{namespace}/{name}"),
+        requests: Resources {
+            cpu_milli: amount("cpu"),
+            memory_bytes: amount("memory"),
+        },
+        gpu,
+        gpu_models: annotations
+            .get("nvidia.com/use-gputype")
+            .map(|v| use_gpu_types(v))
+            .unwrap_or_default(),
+        priority: spec.priority.unwrap_or(0),
+        tenant: Some(tenant),
+        gang,
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        affinity_terms: affinity_terms(&ctx, &spec, warnings)?,
+        tolerations: tolerations(&ctx, &spec)?,
+        node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
+        labels,
+        owner: owner_kind(meta),
+        eviction_blocked,
+        gang_min_members,
+        gang_topology_key: annotations.get("gpuscale.io/gang-topology").cloned(),
+        created_at: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+    };
+    Ok(Some(ConvertedPod {
+        workload,
+        gpu_uuids,
+        gpumem_percentage,
+    }))
+}

@@ -1,0 +1,252 @@
+//! Reading objects out of files: JSON (a `v1 List`, a single object, an array or a stream of
+//! objects), multi-document YAML, and folders of both.
+
+use super::error::SnapshotError;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// One Kubernetes object as read, before conversion, with where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourcedObject {
+    /// File and position in it, e.g. `snap.json items[3]` or `pods.yaml doc 2`; used in errors.
+    pub origin: String,
+    /// The object.
+    pub value: Value,
+}
+
+impl SourcedObject {
+    /// An object with an origin label, for objects that do not come from a file.
+    pub fn new(origin: impl Into<String>, value: Value) -> Self {
+        Self {
+            origin: origin.into(),
+            value,
+        }
+    }
+}
+
+/// Reads every object under `path`: a file, or a directory walked recursively for `*.json`,
+/// `*.yaml` and `*.yml` files in path order.
+pub fn read_path(
+    path: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<SourcedObject>, SnapshotError> {
+    let meta = std::fs::metadata(path).map_err(|source| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let files = if meta.is_dir() {
+        let mut files = Vec::new();
+        collect_files(path, &mut files, warnings)?;
+        files.sort();
+        if files.is_empty() {
+            warnings.push(format!(
+                "{}: no *.json, *.yaml or *.yml files found",
+                path.display()
+            ));
+        }
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(|source| SnapshotError::Io {
+            path: file.clone(),
+            source,
+        })?;
+        out.extend(parse_text(&file, &text)?);
+    }
+    Ok(out)
+}
+
+fn collect_files(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    warnings: &mut Vec<String>,
+) -> Result<(), SnapshotError> {
+    let io = |source| SnapshotError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let path = entry.path();
+        let file_type = entry.file_type().map_err(io)?;
+        if file_type.is_dir() {
+            collect_files(&path, out, warnings)?;
+            continue;
+        }
+        // Symlinks to files are followed; symlinked directories are not (no cycles).
+        if file_type.is_symlink() && path.is_dir() {
+            warnings.push(format!(
+                "{}: symlinked directory not followed",
+                path.display()
+            ));
+            continue;
+        }
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        if matches!(ext.as_deref(), Some("json" | "yaml" | "yml")) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Parses the text of one file. `.json` files are JSON, `.yaml`/`.yml` YAML; other names are
+/// sniffed (JSON when the text starts with `{` or `[`).
+pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, SnapshotError> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let json = match ext.as_deref() {
+        Some("json") => true,
+        Some("yaml" | "yml") => false,
+        _ => text.trim_start().starts_with(['{', '[']),
+    };
+    let name = path.display().to_string();
+    let mut out = Vec::new();
+    if json {
+        let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        let docs: Vec<Value> =
+            stream
+                .collect::<Result<_, _>>()
+                .map_err(|e| SnapshotError::Json {
+                    path: path.to_path_buf(),
+                    line: e.line(),
+                    column: e.column(),
+                    message: e
+                        .to_string()
+                        .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
+                        .to_string(),
+                })?;
+        let many = docs.len() > 1;
+        for (i, doc) in docs.into_iter().enumerate() {
+            let origin = if many {
+                format!("{name} doc {}", i + 1)
+            } else {
+                name.clone()
+            };
+            flatten(origin, doc, &mut out);
+        }
+    } else {
+        let mut docs = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let value = Value::deserialize(doc).map_err(|e| {
+                let loc = e.location();
+                SnapshotError::Yaml {
+                    path: path.to_path_buf(),
+                    line: loc.as_ref().map_or(0, |l| l.line()),
+                    column: loc.as_ref().map_or(0, |l| l.column()),
+                    message: e.to_string(),
+                }
+            })?;
+            docs.push(value);
+        }
+        let many = docs.len() > 1;
+        for (i, doc) in docs.into_iter().enumerate() {
+            let origin = if many {
+                format!("{name} doc {}", i + 1)
+            } else {
+                name.clone()
+            };
+            flatten(origin, doc, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+/// Expands Lists (`kind: List`, `PodList`, ...) and arrays into their items; drops empty
+/// documents. Items of typed lists, which the API server returns without `kind`, get it from
+/// the list.
+fn flatten(origin: String, value: Value, out: &mut Vec<SourcedObject>) {
+    match value {
+        Value::Null => {}
+        Value::Array(items) => {
+            for (i, item) in items.into_iter().enumerate() {
+                flatten(format!("{origin}[{i}]"), item, out);
+            }
+        }
+        Value::Object(mut map) => {
+            let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default();
+            let is_list = kind.ends_with("List") && map.get("items").is_some_and(Value::is_array);
+            if !is_list {
+                out.push(SourcedObject::new(origin, Value::Object(map)));
+                return;
+            }
+            let item_kind = kind.strip_suffix("List").unwrap_or_default().to_string();
+            let api_version = map.get("apiVersion").cloned();
+            let Some(Value::Array(items)) = map.remove("items") else {
+                return;
+            };
+            for (i, mut item) in items.into_iter().enumerate() {
+                if let Value::Object(obj) = &mut item {
+                    if !item_kind.is_empty() && !obj.contains_key("kind") {
+                        obj.insert("kind".into(), Value::String(item_kind.clone()));
+                        if let Some(v) = &api_version {
+                            obj.entry("apiVersion").or_insert_with(|| v.clone());
+                        }
+                    }
+                }
+                flatten(format!("{origin} items[{i}]"), item, out);
+            }
+        }
+        other => out.push(SourcedObject::new(origin, other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lists_and_typed_lists_are_flattened() {
+        let text = r#"{"apiVersion":"v1","kind":"List","items":[
+            {"apiVersion":"v1","kind":"Node","metadata":{"name":"a"}},
+            {"apiVersion":"v1","kind":"PodList","items":[{"metadata":{"name":"p"}}]}]}"#;
+        let objs = parse_text(Path::new("s.json"), text).unwrap();
+        assert_eq!(objs.len(), 2);
+        assert_eq!(objs[0].origin, "s.json items[0]");
+        assert_eq!(objs[1].origin, "s.json items[1] items[0]");
+        assert_eq!(objs[1].value["kind"], json!("Pod"));
+        assert_eq!(objs[1].value["apiVersion"], json!("v1"));
+    }
+
+    #[test]
+    fn multi_document_yaml_skips_empty_documents() {
+        let text = "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: a\n---\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n";
+        let objs = parse_text(Path::new("x.yaml"), text).unwrap();
+        assert_eq!(objs.len(), 2);
+        assert_eq!(objs[1].value["metadata"]["name"], json!("p"));
+        assert!(objs[1].origin.starts_with("x.yaml doc "));
+    }
+
+    #[test]
+    fn syntax_errors_name_file_and_line() {
+        let err = parse_text(Path::new("bad.json"), "{\n  \"a\": 1,\n  \"b\": \n}").unwrap_err();
+        match err {
+            SnapshotError::Json { line, .. } => assert_eq!(line, 4),
+            other => panic!("{other}"),
+        }
+        let err = parse_text(Path::new("bad.yaml"), "a: 1\nb: [1, 2\nc: 3\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("bad.yaml:"), "{msg}");
+        assert!(
+            matches!(err, SnapshotError::Yaml { line, .. } if line >= 2),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unknown_extensions_are_sniffed() {
+        let objs = parse_text(Path::new("snap"), "[{\"kind\":\"Node\"}]").unwrap();
+        assert_eq!(objs.len(), 1);
+        let objs = parse_text(Path::new("snap"), "kind: Node\n").unwrap();
+        assert_eq!(objs[0].value["kind"], json!("Node"));
+    }
+}

@@ -1,0 +1,884 @@
+//! Conversion rules, one test per rule, on objects shaped like `kubectl get -o json` output.
+
+use super::*;
+use crate::model::mig::{MigPlacement, A100_40GB};
+use crate::model::{NodeState, OwnerKind, SelectorOperator, TaintEffect, TolerationOperator};
+use serde_json::{json, Value};
+
+fn node(name: &str, labels: Value, allocatable: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "creationTimestamp": "2025-03-01T10:00:00Z"
+        },
+        "spec": {"providerID": format!("aws:///us-east-1a/i-{name}")},
+        "status": {
+            "allocatable": allocatable,
+            "capacity": allocatable,
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+            ]
+        }
+    })
+}
+
+fn pod(ns: &str, name: &str, containers: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": "2025-03-01T12:00:00Z"},
+        "spec": {"containers": containers},
+        "status": {"phase": "Pending"}
+    })
+}
+
+fn gpu_container(resources: Value) -> Value {
+    json!([{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+            "resources": {"requests": resources.clone(), "limits": resources}}])
+}
+
+fn load(values: Vec<Value>) -> Result<LoadedSnapshot, SnapshotError> {
+    let objs: Vec<SourcedObject> = values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| SourcedObject::new(format!("test[{i}]"), v))
+        .collect();
+    convert(&objs)
+}
+
+fn one_node(v: Value) -> (Node, Vec<String>) {
+    let mut l = load(vec![v]).unwrap();
+    (l.snapshot.nodes.remove(0), l.warnings)
+}
+
+fn one_pod(v: Value) -> crate::model::Workload {
+    load(vec![v]).unwrap().snapshot.workloads.remove(0)
+}
+
+fn pod_err(v: Value) -> String {
+    load(vec![v]).unwrap_err().to_string()
+}
+
+#[test]
+fn node_capacity_labels_and_identity() {
+    let mut v = node(
+        "ip-10-0-1-5.ec2.internal",
+        json!({
+            "failure-domain.beta.kubernetes.io/zone": "us-east-1b",
+            "beta.kubernetes.io/instance-type": "m6i.4xlarge",
+            "eks.amazonaws.com/nodegroup": "cpu-general",
+            "kubernetes.io/hostname": "ip-10-0-1-5.ec2.internal"
+        }),
+        json!({"cpu": "15890m", "memory": "63218408Ki", "pods": "234"}),
+    );
+    v["spec"]["unschedulable"] = json!(true);
+    v["spec"]["taints"] = json!([{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]);
+    v["metadata"]["annotations"] =
+        json!({"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"});
+    let (n, warnings) = one_node(v);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(n.allocatable.cpu_milli, 15_890);
+    assert_eq!(n.allocatable.memory_bytes, 63_218_408 * 1024);
+    assert_eq!(n.zone.as_deref(), Some("us-east-1b"));
+    assert_eq!(n.instance_type.as_deref(), Some("m6i.4xlarge"));
+    assert_eq!(n.node_group.as_deref(), Some("cpu-general"));
+    assert_eq!(
+        n.provider_id.as_deref(),
+        Some("aws:///us-east-1a/i-ip-10-0-1-5.ec2.internal")
+    );
+    assert!(n.unschedulable);
+    assert!(n.scale_down_disabled);
+    assert_eq!(n.taints[0].effect, TaintEffect::NoSchedule);
+    assert_eq!(n.taints[0].value, "infra");
+    assert_eq!(n.state, NodeState::Ready);
+    assert!(n.gpus.is_empty());
+    assert_eq!(n.gpu_model, None);
+}
+
+#[test]
+fn node_group_labels_in_order_with_explicit_override() {
+    let labels = |extra: Value| {
+        let mut l =
+            json!({"cloud.google.com/gke-nodepool": "pool-a", "karpenter.sh/nodepool": "kp"});
+        l.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        l
+    };
+    let alloc = json!({"cpu": "4", "memory": "16Gi"});
+    let (n, _) = one_node(node("a", labels(json!({})), alloc.clone()));
+    assert_eq!(n.node_group.as_deref(), Some("pool-a"));
+    let (n, _) = one_node(node(
+        "a",
+        labels(json!({"gpuscale.io/node-group": "override"})),
+        alloc.clone(),
+    ));
+    assert_eq!(n.node_group.as_deref(), Some("override"));
+    let (n, _) = one_node(node(
+        "a",
+        json!({"alpha.eksctl.io/nodegroup-name": "ng-1", "karpenter.sh/nodepool": "kp"}),
+        alloc,
+    ));
+    assert_eq!(n.node_group.as_deref(), Some("ng-1"));
+}
+
+#[test]
+fn whole_gpus_from_gfd_labels() {
+    let (n, warnings) = one_node(node(
+        "h100-a",
+        json!({
+            "node.kubernetes.io/instance-type": "p5.48xlarge",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "81559",
+            "nvidia.com/gpu.clique": "cluster-a.0"
+        }),
+        json!({"cpu": "191450m", "memory": "2043617520Ki", "nvidia.com/gpu": "8"}),
+    ));
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(n.gpu_model.as_deref(), Some("H100-80GB"));
+    assert_eq!(n.gpus.len(), 8);
+    assert!(n
+        .gpus
+        .iter()
+        .all(|g| g.mode == GpuMode::Standard && g.memory_mib == 81_559));
+    assert_eq!(n.gpus[7].index, 7);
+    assert_eq!(n.topology.nvlink_domain, vec![0; 8]);
+    assert_eq!(n.topology.numa, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    assert_eq!(n.topology.clique.as_deref(), Some("cluster-a.0"));
+}
+
+#[test]
+fn unknown_gpu_product_keeps_raw_name_with_warning() {
+    let (n, warnings) = one_node(node(
+        "x",
+        json!({"nvidia.com/gpu.product": "NVIDIA-RTX-PRO-6000", "nvidia.com/gpu.count": "2"}),
+        json!({"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "2"}),
+    ));
+    assert_eq!(n.gpu_model.as_deref(), Some("NVIDIA-RTX-PRO-6000"));
+    assert_eq!(n.gpus.len(), 2);
+    assert_eq!(n.gpus[0].memory_mib, 0);
+    assert!(warnings[0].contains("NVIDIA-RTX-PRO-6000"), "{warnings:?}");
+}
+
+#[test]
+fn time_sliced_gpus_plain_and_renamed() {
+    let (n, _) = one_node(node(
+        "t4",
+        json!({"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "1",
+               "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.memory": "15360"}),
+        json!({"cpu": "3920m", "memory": "15Gi", "nvidia.com/gpu": "4"}),
+    ));
+    assert_eq!(n.gpu_model.as_deref(), Some("T4"));
+    assert_eq!(n.gpus.len(), 1);
+    assert_eq!(n.gpus[0].mode, GpuMode::TimeSliced { replicas: 4 });
+    assert_eq!(n.gpus[0].memory_mib, 15_360);
+
+    let (n, warnings) = one_node(node(
+        "l4",
+        json!({"nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.count": "4",
+               "nvidia.com/gpu.replicas": "2"}),
+        json!({"cpu": "47", "memory": "180Gi", "nvidia.com/gpu.shared": "8"}),
+    ));
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(n.gpu_model.as_deref(), Some("L4"));
+    assert_eq!(n.gpus.len(), 4);
+    assert!(n
+        .gpus
+        .iter()
+        .all(|g| g.mode == GpuMode::TimeSliced { replicas: 2 }));
+}
+
+fn mig_layouts(n: &Node) -> Vec<Vec<MigPlacement>> {
+    n.gpus
+        .iter()
+        .filter_map(|g| match &g.mode {
+            GpuMode::Mig { instances, dynamic } => {
+                assert!(!dynamic);
+                Some(instances.iter().map(|i| i.placement.clone()).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn mig_mixed_strategy_distributes_valid_layouts() {
+    // mig-parted "all-balanced" on an 8x A100-40GB: per GPU 2x 1g.5gb, 1x 2g.10gb, 1x 3g.20gb.
+    let (n, _) = one_node(node(
+        "a100",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "8",
+               "nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.memory": "40960"}),
+        json!({"cpu": "95", "memory": "1100Gi", "nvidia.com/mig-1g.5gb": "16",
+               "nvidia.com/mig-2g.10gb": "8", "nvidia.com/mig-3g.20gb": "8"}),
+    ));
+    let layouts = mig_layouts(&n);
+    assert_eq!(layouts.len(), 8);
+    for l in &layouts {
+        A100_40GB.validate(l).unwrap();
+        let count = |p: &str| l.iter().filter(|i| i.profile == p).count();
+        assert_eq!(
+            (count("1g.5gb"), count("2g.10gb"), count("3g.20gb")),
+            (2, 1, 1)
+        );
+    }
+    assert!(n.gpus.iter().all(|g| g.memory_mib == 40_960));
+}
+
+#[test]
+fn mig_mixed_with_some_gpus_whole() {
+    let (n, _) = one_node(node(
+        "a100",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "8",
+               "nvidia.com/mig.strategy": "mixed"}),
+        json!({"cpu": "95", "memory": "1100Gi", "nvidia.com/gpu": "4",
+               "nvidia.com/mig-1g.5gb": "28"}),
+    ));
+    assert_eq!(n.gpus.len(), 8);
+    assert_eq!(
+        n.gpus
+            .iter()
+            .filter(|g| g.mode == GpuMode::Standard)
+            .count(),
+        4
+    );
+    let layouts = mig_layouts(&n);
+    assert_eq!(layouts.len(), 4);
+    assert!(layouts.iter().all(|l| l.len() == 7));
+    let indexes: Vec<u8> = n.gpus.iter().map(|g| g.index).collect();
+    assert_eq!(indexes, (0..8).collect::<Vec<u8>>());
+}
+
+#[test]
+fn mig_unknown_profile_names_node_and_resource() {
+    let err = load(vec![node(
+        "a100-bad",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "1"}),
+        json!({"cpu": "8", "memory": "64Gi", "nvidia.com/mig-3g.40gb": "2"}),
+    )])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("Node a100-bad"), "{err}");
+    assert!(err.contains("nvidia.com/mig-3g.40gb"), "{err}");
+    assert!(err.contains("A100-40GB"), "{err}");
+}
+
+#[test]
+fn mig_instances_that_cannot_fit_are_an_error() {
+    let err = load(vec![node(
+        "a100-over",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "1"}),
+        json!({"cpu": "8", "memory": "64Gi", "nvidia.com/mig-3g.20gb": "3"}),
+    )])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("do not fit on 1 GPUs"), "{err}");
+}
+
+#[test]
+fn mig_single_strategy() {
+    let (n, _) = one_node(node(
+        "a100-single",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+               "nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "14",
+               "nvidia.com/gpu.memory": "4864"}),
+        json!({"cpu": "30", "memory": "200Gi", "nvidia.com/gpu": "14"}),
+    ));
+    assert_eq!(n.gpu_model.as_deref(), Some("A100-40GB"));
+    let layouts = mig_layouts(&n);
+    assert_eq!(layouts.len(), 2, "14 instances of 1g.5gb fill two GPUs");
+    assert!(layouts.iter().all(|l| l.len() == 7));
+    assert_eq!(
+        n.gpus[0].memory_mib,
+        40 * 1024,
+        "physical memory from the catalog"
+    );
+    assert_eq!(
+        n.labels.get("nvidia.com/mig.strategy").map(String::as_str),
+        Some("single")
+    );
+}
+
+#[test]
+fn layout_mig_uses_fewest_gpus_when_count_unknown() {
+    let p = |n: &str| A100_40GB.profile(n).unwrap();
+    let l = layout_mig(&A100_40GB, &[(p("7g.40gb"), 1), (p("1g.5gb"), 7)], None).unwrap();
+    assert_eq!(l.len(), 2);
+    let l = layout_mig(&A100_40GB, &[(p("4g.20gb"), 1), (p("3g.20gb"), 1)], None).unwrap();
+    assert_eq!(l.len(), 1);
+    A100_40GB.validate(&l[0]).unwrap();
+    assert!(layout_mig(&A100_40GB, &[(p("4g.20gb"), 2)], Some(1)).is_none());
+}
+
+#[test]
+fn hami_register_annotation() {
+    let mut v = node(
+        "hami-1",
+        json!({"nvidia.com/gpu.present": "true", "gpu": "on"}),
+        json!({"cpu": "63", "memory": "250Gi", "nvidia.com/gpu": "20"}),
+    );
+    v["metadata"]["annotations"] = json!({
+        "hami.io/node-handshake": "Requesting_2025.03.01 10:00:00",
+        "hami.io/node-nvidia-register": "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec,10,32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448,10,32768,100,NVIDIA-Tesla V100-PCIE-32GB,1,true:"
+    });
+    let (n, warnings) = one_node(v);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(n.gpu_model.as_deref(), Some("V100-32GB"));
+    assert_eq!(n.gpus.len(), 2, "physical GPUs, not the 20 split slots");
+    assert!(n
+        .gpus
+        .iter()
+        .all(|g| g.mode == GpuMode::Standard && g.memory_mib == 32_768));
+    assert_eq!(n.topology.numa, vec![0, 1]);
+
+    let json_form = parse_hami_register(
+        r#"[{"id":"GPU-a","count":4,"devmem":24576,"devcore":100,"type":"NVIDIA-NVIDIA A10","numa":0,"health":true}]"#,
+    )
+    .unwrap();
+    assert_eq!(json_form[0].memory_mib, 24_576);
+    assert!(parse_hami_register("GPU-a,10,abc,100,T,0,true:").is_err());
+}
+
+#[test]
+fn node_lifecycle_states() {
+    let gpu_labels = json!({"node.kubernetes.io/instance-type": "p4d.24xlarge",
+                            "nvidia.com/gpu.present": "true",
+                            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+                            "nvidia.com/gpu.count": "8",
+                            "nvidia.com/mig.config": "all-1g.5gb"});
+    // Cluster Autoscaler's MIG bug: Ready, but no GPU resources yet. In-flight, not empty.
+    let (n, _) = one_node(node(
+        "init",
+        gpu_labels.clone(),
+        json!({"cpu": "95", "memory": "1100Gi", "nvidia.com/gpu": "0"}),
+    ));
+    assert_eq!(n.state, NodeState::Initializing);
+    assert_eq!(n.gpus.len(), 8);
+    assert_eq!(n.gpu_model.as_deref(), Some("A100-40GB"));
+
+    // Instance type alone implies GPUs.
+    let (n, _) = one_node(node(
+        "init2",
+        json!({"node.kubernetes.io/instance-type": "g6.12xlarge"}),
+        json!({"cpu": "47", "memory": "180Gi"}),
+    ));
+    assert_eq!(n.state, NodeState::Initializing);
+    assert_eq!(n.gpus.len(), 4);
+    assert_eq!(n.gpu_model.as_deref(), Some("L4"));
+
+    let mut v = node("notready", json!({}), json!({"cpu": "4", "memory": "16Gi"}));
+    v["status"]["conditions"][1]["status"] = json!("Unknown");
+    assert_eq!(one_node(v).0.state, NodeState::Initializing);
+
+    for taint in [
+        json!({"key": "ToBeDeletedByClusterAutoscaler", "value": "1740823200", "effect": "NoSchedule"}),
+        json!({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}),
+    ] {
+        let mut v = node("del", json!({}), json!({"cpu": "4", "memory": "16Gi"}));
+        v["spec"]["taints"] = json!([taint]);
+        assert_eq!(one_node(v).0.state, NodeState::Deleting);
+    }
+    let mut v = node("dnd", json!({}), json!({"cpu": "4", "memory": "16Gi"}));
+    v["metadata"]["annotations"] = json!({"karpenter.sh/do-not-disrupt": "true"});
+    assert!(one_node(v).0.scale_down_disabled);
+}
+
+#[test]
+fn bad_node_quantity_names_object_field_and_value() {
+    let err = load(vec![node(
+        "n1",
+        json!({}),
+        json!({"cpu": "4 cores", "memory": "16Gi"}),
+    )])
+    .unwrap_err();
+    match &err {
+        SnapshotError::Quantity {
+            origin,
+            object,
+            field,
+            value,
+            ..
+        } => {
+            assert_eq!(origin, "test[0]");
+            assert_eq!(object, "Node n1");
+            assert_eq!(field, "status.allocatable.cpu");
+            assert_eq!(value, "4 cores");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn effective_requests_follow_the_kubernetes_formula() {
+    let mut v = pod(
+        "ml",
+        "p",
+        json!([
+            {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+            {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "512Mi"}}}
+        ]),
+    );
+    v["spec"]["initContainers"] = json!([
+        {"name": "big-init", "resources": {"requests": {"cpu": "2", "memory": "256Mi"}}},
+        {"name": "sidecar", "restartPolicy": "Always",
+         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+        {"name": "late-init", "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
+    ]);
+    v["spec"]["overhead"] = json!({"cpu": "250m", "memory": "120Mi"});
+    let w = one_pod(v);
+    // cpu: max(0.5 + 1 + 0.1 sidecar, 2, 1 + 0.1) + 0.25 = 2.25
+    assert_eq!(w.requests.cpu_milli, 2250);
+    // memory: max(1Gi + 512Mi + 64Mi, 256Mi, 2Gi + 64Mi) + 120Mi = 2Gi + 184Mi
+    assert_eq!(w.requests.memory_bytes, (2048 + 64 + 120) << 20);
+
+    let mut v = pod(
+        "ml",
+        "q",
+        json!([{"name": "a", "resources": {"requests": {"cpu": "1"}}}]),
+    );
+    v["spec"]["resources"] = json!({"requests": {"cpu": "3", "memory": "1Gi"}});
+    let w = one_pod(v);
+    assert_eq!(w.requests.cpu_milli, 3000, "pod-level resources win");
+}
+
+#[test]
+fn gpu_demands_in_every_spelling() {
+    let demand = |r: Value| one_pod(pod("ml", "p", gpu_container(r))).gpu;
+    assert_eq!(
+        demand(json!({"nvidia.com/gpu": "2"})),
+        GpuDemand::Whole { count: 2 }
+    );
+    assert_eq!(
+        demand(json!({"nvidia.com/mig-3g.20gb": 1})),
+        GpuDemand::Mig {
+            profile: "3g.20gb".into(),
+            count: 1
+        }
+    );
+    assert_eq!(
+        demand(json!({"nvidia.com/gpu.shared": "1"})),
+        GpuDemand::Shared { count: 1 }
+    );
+    assert_eq!(
+        demand(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})),
+        GpuDemand::Fraction {
+            count: 1,
+            milli: 300,
+            memory_mib: 3000
+        }
+    );
+    assert_eq!(demand(json!({"cpu": "1"})), GpuDemand::None);
+    // Limits only (extended resources are usually written as limits).
+    let w = one_pod(pod(
+        "ml",
+        "p",
+        json!([{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]),
+    ));
+    assert_eq!(w.gpu, GpuDemand::Whole { count: 4 });
+}
+
+#[test]
+fn kai_fraction_annotations() {
+    let with = |ann: Value| {
+        let mut v = pod("team-a", "p", json!([{"name": "m"}]));
+        v["metadata"]["annotations"] = ann;
+        v
+    };
+    assert_eq!(
+        one_pod(with(json!({"gpu-fraction": "0.5"}))).gpu,
+        GpuDemand::Fraction {
+            count: 1,
+            milli: 500,
+            memory_mib: 0
+        }
+    );
+    assert_eq!(
+        one_pod(with(json!({"gpu-memory": "4000"}))).gpu,
+        GpuDemand::Fraction {
+            count: 1,
+            milli: 0,
+            memory_mib: 4000
+        }
+    );
+    assert_eq!(
+        one_pod(with(
+            json!({"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"})
+        ))
+        .gpu,
+        GpuDemand::Fraction {
+            count: 2,
+            milli: 250,
+            memory_mib: 0
+        }
+    );
+    let err = pod_err(with(json!({"gpu-fraction": "0.5", "gpu-memory": "4000"})));
+    assert!(
+        err.contains("Pod team-a/p") && err.contains("gpu-memory"),
+        "{err}"
+    );
+    let err = pod_err(with(json!({"gpu-fraction": "1.5"})));
+    assert!(err.contains("metadata.annotations[gpu-fraction]"), "{err}");
+}
+
+#[test]
+fn contradictory_or_unknown_gpu_requests_are_errors() {
+    let err = pod_err(pod(
+        "ml",
+        "mixed",
+        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.5gb": 1})),
+    ));
+    assert!(err.contains("Pod ml/mixed"), "{err}");
+    assert!(err.contains("mixed GPU requests"), "{err}");
+    assert!(
+        err.contains("spec.containers[0].resources.requests.nvidia.com/"),
+        "{err}"
+    );
+
+    let err = pod_err(pod(
+        "ml",
+        "two-profiles",
+        gpu_container(json!({"nvidia.com/mig-1g.5gb": 1, "nvidia.com/mig-2g.10gb": 1})),
+    ));
+    assert!(err.contains("mixed GPU requests"), "{err}");
+
+    let err = pod_err(pod(
+        "ml",
+        "unknown",
+        gpu_container(json!({"nvidia.com/gpu.sharedd": 1})),
+    ));
+    assert!(
+        err.contains("unknown GPU resource nvidia.com/gpu.sharedd"),
+        "{err}"
+    );
+
+    let err = pod_err(pod(
+        "ml",
+        "hami-no-count",
+        gpu_container(json!({"nvidia.com/gpumem": 1000})),
+    ));
+    assert!(err.contains("need nvidia.com/gpu"), "{err}");
+
+    let mut v = pod(
+        "ml",
+        "kai-and-gpu",
+        gpu_container(json!({"nvidia.com/gpu": 1})),
+    );
+    v["metadata"]["annotations"] = json!({"gpu-fraction": "0.5"});
+    assert!(pod_err(v).contains("mixed GPU requests"));
+
+    let err = pod_err(pod(
+        "ml",
+        "frac",
+        gpu_container(json!({"nvidia.com/gpu": "0.5"})),
+    ));
+    assert!(
+        err.contains("must be a whole number") && err.contains("\"0.5\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn pod_scheduling_fields() {
+    let mut v = pod(
+        "prod",
+        "web-7d9f-abc",
+        json!([{"name": "m", "resources": {"requests": {"cpu": "1"}}}]),
+    );
+    v["metadata"]["labels"] = json!({"app": "web", "kueue.x-k8s.io/queue-name": "team-web"});
+    v["metadata"]["ownerReferences"] = json!([
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "u1", "controller": true}
+    ]);
+    v["metadata"]["annotations"] =
+        json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"});
+    v["spec"]["priority"] = json!(1000);
+    v["spec"]["nodeSelector"] = json!({"eks.amazonaws.com/nodegroup": "gpu-h100"});
+    v["spec"]["tolerations"] = json!([
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+        {"key": "team", "value": "web"}
+    ]);
+    v["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a", "us-east-1b"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+    ]}}});
+    v["spec"]["nodeName"] = json!("node-1");
+    v["status"]["phase"] = json!("Running");
+    let l = load(vec![v]).unwrap();
+    let w = &l.snapshot.workloads[0];
+    assert_eq!(w.id, "prod/web-7d9f-abc");
+    assert_eq!(w.priority, 1000);
+    assert_eq!(w.tenant.as_deref(), Some("team-web"));
+    assert_eq!(w.owner, OwnerKind::ReplicaSet);
+    assert_eq!(
+        w.eviction_blocked.as_deref(),
+        Some("cluster-autoscaler.kubernetes.io/safe-to-evict=false")
+    );
+    assert_eq!(w.node_selector["eks.amazonaws.com/nodegroup"], "gpu-h100");
+    assert_eq!(w.tolerations.len(), 3);
+    assert_eq!(w.tolerations[0].operator, TolerationOperator::Exists);
+    assert_eq!(w.tolerations[2].operator, TolerationOperator::Equal);
+    assert_eq!(w.tolerations[2].effect, None);
+    assert_eq!(w.affinity_terms.len(), 2);
+    assert_eq!(w.affinity_terms[0][0].operator, SelectorOperator::In);
+    assert_eq!(w.affinity_terms[1][0].key, "kubernetes.io/hostname");
+    assert_eq!(w.node_name.as_deref(), Some("node-1"));
+    assert_eq!(w.created_at, Some(1_740_830_400));
+    assert!(
+        l.warnings.iter().any(|x| x.contains("node-1")),
+        "bound to a missing node"
+    );
+
+    let mut v = pod("ml", "bare", json!([]));
+    v["metadata"]["annotations"] = json!({"karpenter.sh/do-not-disrupt": "true"});
+    let w = one_pod(v);
+    assert_eq!(w.owner, OwnerKind::None);
+    assert_eq!(
+        w.tenant.as_deref(),
+        Some("ml"),
+        "namespace is the default tenant"
+    );
+    assert_eq!(
+        w.eviction_blocked.as_deref(),
+        Some("karpenter.sh/do-not-disrupt=true")
+    );
+
+    let mut v = pod("ml", "labelled", json!([]));
+    v["metadata"]["labels"] =
+        json!({"gpuscale.io/tenant": "research", "kueue.x-k8s.io/queue-name": "q"});
+    assert_eq!(one_pod(v).tenant.as_deref(), Some("research"));
+}
+
+#[test]
+fn gangs_from_every_convention() {
+    let with = |labels: Value, annotations: Value| {
+        let mut v = pod("ml", "w-0", json!([]));
+        v["metadata"]["labels"] = labels;
+        v["metadata"]["annotations"] = annotations;
+        v
+    };
+    let pg = json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "llama", "namespace": "ml"}, "spec": {"minMember": 4, "scheduleTimeoutSeconds": 60}});
+    let mut v = with(
+        json!({"scheduling.x-k8s.io/pod-group": "llama"}),
+        json!({"gpuscale.io/gang-topology": "topology.kubernetes.io/zone"}),
+    );
+    let l = load(vec![pg, v.clone()]).unwrap();
+    let w = &l.snapshot.workloads[0];
+    assert_eq!(w.gang.as_deref(), Some("ml/llama"));
+    assert_eq!(w.gang_min_members, Some(4));
+    assert_eq!(
+        w.gang_topology_key.as_deref(),
+        Some("topology.kubernetes.io/zone")
+    );
+    // Without the PodGroup object: all members.
+    v["metadata"]["annotations"] = json!({});
+    assert_eq!(one_pod(v).gang_min_members, None);
+
+    let w = one_pod(with(
+        json!({}),
+        json!({"scheduling.k8s.io/group-name": "vc-job"}),
+    ));
+    assert_eq!(w.gang.as_deref(), Some("ml/vc-job"));
+    let w = one_pod(with(
+        json!({"leaderworkerset.sigs.k8s.io/name": "vllm", "leaderworkerset.sigs.k8s.io/group-index": "2"}),
+        json!({"leaderworkerset.sigs.k8s.io/size": "4"}),
+    ));
+    assert_eq!(w.gang.as_deref(), Some("ml/vllm-2"));
+    assert_eq!(w.gang_min_members, Some(4));
+    let w = one_pod(with(
+        json!({"jobset.sigs.k8s.io/jobset-name": "js"}),
+        json!({}),
+    ));
+    assert_eq!(w.gang.as_deref(), Some("ml/js"));
+    let w = one_pod(with(
+        json!({"training.kubeflow.org/job-name": "pt"}),
+        json!({}),
+    ));
+    assert_eq!(w.gang.as_deref(), Some("ml/pt"));
+    assert_eq!(one_pod(with(json!({}), json!({}))).gang, None);
+}
+
+#[test]
+fn only_pending_and_running_pods_are_kept() {
+    let with_phase = |name: &str, phase: &str| {
+        let mut v = pod("ns", name, json!([]));
+        v["status"]["phase"] = json!(phase);
+        v
+    };
+    let l = load(vec![
+        with_phase("a", "Pending"),
+        with_phase("b", "Running"),
+        with_phase("c", "Succeeded"),
+        with_phase("d", "Failed"),
+    ])
+    .unwrap();
+    let ids: Vec<&str> = l.snapshot.workloads.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(ids, ["ns/a", "ns/b"]);
+    assert_eq!(l.snapshot.pending().count(), 2, "neither is bound");
+}
+
+#[test]
+fn bound_pods_are_accounted_on_their_nodes() {
+    let mig = node(
+        "a100",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "1"}),
+        json!({"cpu": "10", "memory": "100Gi", "nvidia.com/mig-3g.20gb": "2"}),
+    );
+    let ts = node(
+        "t4",
+        json!({"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.replicas": "4"}),
+        json!({"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "4"}),
+    );
+    let whole = node(
+        "h100",
+        json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}),
+        json!({"cpu": "190", "memory": "1900Gi", "nvidia.com/gpu": "8"}),
+    );
+    let bound = |name: &str, node: &str, r: Value| {
+        let mut v = pod("ml", name, gpu_container(r));
+        v["spec"]["nodeName"] = json!(node);
+        v["status"]["phase"] = json!("Running");
+        v
+    };
+    let l = load(vec![
+        mig,
+        ts,
+        whole,
+        bound(
+            "m",
+            "a100",
+            json!({"cpu": "2", "nvidia.com/mig-3g.20gb": 1}),
+        ),
+        bound("t", "t4", json!({"cpu": "1", "nvidia.com/gpu": 3})),
+        bound(
+            "h",
+            "h100",
+            json!({"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4}),
+        ),
+        bound("over", "a100", json!({"nvidia.com/mig-3g.20gb": 2})),
+    ])
+    .unwrap();
+    let n = &l.snapshot.nodes;
+    assert_eq!(n[0].allocated.cpu_milli, 2000);
+    let GpuMode::Mig { instances, .. } = &n[0].gpus[0].mode else {
+        panic!("MIG node")
+    };
+    assert_eq!(instances.iter().filter(|i| i.used).count(), 1);
+    assert_eq!(n[1].gpus[0].used_replicas, 3);
+    assert_eq!(n[2].idle_gpus(), 4);
+    assert_eq!(n[2].allocated.memory_bytes, 64 << 30);
+    assert!(
+        l.warnings.iter().any(|w| w.contains("ml/over")),
+        "{:?}",
+        l.warnings
+    );
+}
+
+#[test]
+fn hami_pods_use_the_allocated_device_and_memory_percentage() {
+    let mut hami = node(
+        "hami",
+        json!({"nvidia.com/gpu.present": "true"}),
+        json!({"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "20"}),
+    );
+    hami["metadata"]["annotations"] = json!({"hami.io/node-nvidia-register":
+        "GPU-aaa,10,24576,100,NVIDIA-NVIDIA A10,0,true:GPU-bbb,10,24576,100,NVIDIA-NVIDIA A10,0,true:"});
+    let mut p = pod(
+        "ml",
+        "vgpu",
+        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50})),
+    );
+    p["metadata"]["annotations"] =
+        json!({"hami.io/vgpu-devices-allocated": "GPU-bbb,NVIDIA,12288,0:;"});
+    p["spec"]["nodeName"] = json!("hami");
+    p["status"]["phase"] = json!("Running");
+    let l = load(vec![hami, p]).unwrap();
+    assert_eq!(
+        l.snapshot.workloads[0].gpu,
+        GpuDemand::Fraction {
+            count: 1,
+            milli: 0,
+            memory_mib: 12_288
+        }
+    );
+    let n = &l.snapshot.nodes[0];
+    assert_eq!(n.gpu_model.as_deref(), Some("A10"));
+    assert_eq!(n.gpus[0].used_memory_mib, 0);
+    assert_eq!(n.gpus[1].used_memory_mib, 12_288, "the GPU HAMi recorded");
+}
+
+#[test]
+fn pdbs_and_skipped_kinds() {
+    let pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "prod"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["canary"]}]}},
+        "status": {"currentHealthy": 3, "desiredHealthy": 2, "disruptionsAllowed": 1, "expectedPods": 3}});
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "prod"}});
+    let l = load(vec![pdb, svc]).unwrap();
+    let b = &l.snapshot.disruption_budgets[0];
+    assert_eq!(b.id, "prod/web");
+    assert_eq!(b.disruptions_allowed, 1);
+    assert_eq!(b.selector.match_labels["app"], "web");
+    assert_eq!(
+        b.selector.match_expressions[0].operator,
+        SelectorOperator::NotIn
+    );
+    assert!(l.warnings.iter().any(|w| w.contains("kind Service")));
+}
+
+#[test]
+fn wrong_shape_names_the_field() {
+    let mut v = node("n", json!({}), json!({"cpu": "1", "memory": "1Gi"}));
+    v["spec"]["taints"] = json!([{"key": "k", "effect": 5}]);
+    let err = load(vec![v]).unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::Decode { field, .. } if field.contains("taints")),
+        "{err}"
+    );
+}
+
+#[test]
+fn mig_single_nodes_account_gpu_requests_as_instances() {
+    let n = node(
+        "a100-single",
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb",
+               "nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "4"}),
+        json!({"cpu": "30", "memory": "200Gi", "nvidia.com/gpu": "4"}),
+    );
+    let mut p = pod("ml", "p", gpu_container(json!({"nvidia.com/gpu": 3})));
+    p["spec"]["nodeName"] = json!("a100-single");
+    let l = load(vec![n, p]).unwrap();
+    let node = &l.snapshot.nodes[0];
+    assert_eq!(node.gpus.len(), 2, "two 3g.20gb per A100-40GB");
+    let used: usize = mig_layouts(node).iter().map(Vec::len).sum();
+    assert_eq!(used, 4);
+    let in_use: usize = node
+        .gpus
+        .iter()
+        .map(|g| match &g.mode {
+            GpuMode::Mig { instances, .. } => instances.iter().filter(|i| i.used).count(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(in_use, 3);
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+}
+
+#[test]
+fn hami_use_gputype_lists_accepted_models() {
+    let mut v = pod(
+        "ml",
+        "p",
+        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})),
+    );
+    v["metadata"]["annotations"] = json!({"nvidia.com/use-gputype": "A100,T4"});
+    let w = one_pod(v);
+    assert_eq!(w.gpu_models, ["A100-80GB", "A100-40GB", "T4"]);
+}
