@@ -10,6 +10,7 @@
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod model;
+pub mod planner;
 pub mod providers;
 pub mod scheduler;
 pub mod sim;

@@ -19,10 +19,7 @@ const A100: &str = "gcp/ml/us-central1-a/gpu-a100";
 const L4: &str = "gcp/ml/us-central1-a/gpu-l4";
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 /// Two zones: an A100 GKE pool (2 nodes) and a spot L4 MIG (1 node) in zone a, an L4 MIG in
@@ -116,16 +113,11 @@ fn settings(fake: &FakeCompute) -> GcpSettings {
 }
 
 async fn provider(fake: &FakeCompute) -> GcpProvider {
-    GcpProvider::connect(settings(fake))
-        .await
-        .expect("connect to the fake Compute server")
+    GcpProvider::connect(settings(fake)).await.expect("connect to the fake Compute server")
 }
 
 fn group<'a>(groups: &'a [NodeGroup], id: &str) -> &'a NodeGroup {
-    groups
-        .iter()
-        .find(|g| g.id == id)
-        .unwrap_or_else(|| panic!("group {id} missing from {:?}", ids(groups)))
+    groups.iter().find(|g| g.id == id).unwrap_or_else(|| panic!("group {id} missing from {:?}", ids(groups)))
 }
 
 fn ids(groups: &[NodeGroup]) -> Vec<&str> {
@@ -133,18 +125,11 @@ fn ids(groups: &[NodeGroup]) -> Vec<&str> {
 }
 
 fn count(fake: &FakeCompute, method: &str, suffix: &str) -> usize {
-    fake.requests()
-        .iter()
-        .filter(|r| r.method == method && r.path.ends_with(suffix))
-        .count()
+    fake.requests().iter().filter(|r| r.method == method && r.path.ends_with(suffix)).count()
 }
 
 fn assert_clean(fake: &FakeCompute) {
-    assert!(
-        fake.violations().is_empty(),
-        "requests the Compute API would reject: {:?}",
-        fake.violations()
-    );
+    assert!(fake.violations().is_empty(), "requests the Compute API would reject: {:?}", fake.violations());
 }
 
 #[tokio::test]
@@ -173,15 +158,9 @@ async fn discovers_gpu_migs_with_machine_type_facts() {
     assert!(t.gpus.iter().all(|g| g.memory_mib == 40 * 1024));
     assert_eq!(t.topology.nvlink_of(0), Some(0));
     assert_eq!(t.labels["cloud.google.com/gke-nodepool"], "a100-pool");
-    assert_eq!(
-        t.labels["cloud.google.com/gke-accelerator"],
-        "nvidia-tesla-a100"
-    );
+    assert_eq!(t.labels["cloud.google.com/gke-accelerator"], "nvidia-tesla-a100");
     assert_eq!(t.labels["topology.kubernetes.io/zone"], ZONE_A);
-    assert_eq!(
-        t.labels["node.kubernetes.io/instance-type"],
-        "a2-highgpu-8g"
-    );
+    assert_eq!(t.labels["node.kubernetes.io/instance-type"], "a2-highgpu-8g");
     assert_eq!(t.labels["kubernetes.io/arch"], "amd64");
     // GKE node pool: allocatable is capacity minus GKE's reservation (96 vCPU → 310m).
     assert_eq!(t.allocatable.cpu_milli, 96_000 - 310);
@@ -189,11 +168,7 @@ async fn discovers_gpu_migs_with_machine_type_facts() {
     assert_eq!(t.node_group.as_deref(), Some(A100));
     assert_eq!(a100.instances.len(), 2);
     for i in &a100.instances {
-        assert!(
-            i.id.starts_with("gce://gpuscale-test/us-central1-a/gpu-a100-"),
-            "{}",
-            i.id
-        );
+        assert!(i.id.starts_with("gce://gpuscale-test/us-central1-a/gpu-a100-"), "{}", i.id);
         assert_eq!(i.state, InstanceState::Running);
     }
 
@@ -203,20 +178,12 @@ async fn discovers_gpu_migs_with_machine_type_facts() {
     assert_eq!(l4.capacity_type, CapacityType::Spot);
     assert_eq!(l4.template.gpu_model.as_deref(), Some("L4"));
     assert_eq!(l4.template.gpus.len(), 2);
-    assert_eq!(
-        l4.template.allocatable.cpu_milli, 24_000,
-        "not GKE: raw capacity"
-    );
-    assert!(!l4
-        .template
-        .labels
-        .contains_key("cloud.google.com/gke-nodepool"));
+    assert_eq!(l4.template.allocatable.cpu_milli, 24_000, "not GKE: raw capacity");
+    assert!(!l4.template.labels.contains_key("cloud.google.com/gke-nodepool"));
 
     let b = group(&groups, "gcp/ml/us-central1-b/gpu-l4-b");
     assert_eq!(b.instances.len(), 2);
-    assert!(b.instances[0]
-        .id
-        .starts_with("gce://gpuscale-test/us-central1-b/"));
+    assert!(b.instances[0].id.starts_with("gce://gpuscale-test/us-central1-b/"));
 
     // The list calls carried the prefix filter and were paged.
     let lists: Vec<_> = fake
@@ -224,9 +191,7 @@ async fn discovers_gpu_migs_with_machine_type_facts() {
         .into_iter()
         .filter(|r| r.method == "GET" && r.path.ends_with("/instanceGroupManagers"))
         .collect();
-    assert!(lists
-        .iter()
-        .all(|r| r.query.get("filter").map(String::as_str) == Some("name eq \"gpu-.*\"")));
+    assert!(lists.iter().all(|r| r.query.get("filter").map(String::as_str) == Some("name eq \"gpu-.*\"")));
     assert!(lists.iter().any(|r| r.query.contains_key("pageToken")));
     // Machine types are fetched once per (zone, type) and then cached.
     let before = count(&fake, "GET", "/machineTypes/g2-standard-24");
@@ -251,20 +216,13 @@ async fn scale_up_waits_for_the_zone_operation() {
     assert_eq!(resizes.len(), 1);
     assert_eq!(resizes[0].method, "POST");
     assert_eq!(resizes[0].query.get("size").map(String::as_str), Some("4"));
-    assert_eq!(
-        count(&fake, "POST", "/wait"),
-        3,
-        "polled until the operation was DONE"
-    );
+    assert_eq!(count(&fake, "POST", "/wait"), 3, "polled until the operation was DONE");
 
     let groups = p.refresh().await.expect("refresh");
     let a100 = group(&groups, A100);
     assert_eq!(a100.target_size, 4);
     assert_eq!(a100.instances.len(), 4);
-    assert!(a100
-        .instances
-        .iter()
-        .all(|i| i.state == InstanceState::Running));
+    assert!(a100.instances.iter().all(|i| i.state == InstanceState::Running));
 }
 
 #[tokio::test]
@@ -289,16 +247,10 @@ async fn deletes_a_specific_instance_and_lowers_the_target() {
     let keep = group(&groups, A100).instances[0].id.clone();
     let victim_name = victim.rsplit('/').next().unwrap().to_string();
 
-    p.delete_instances(A100, std::slice::from_ref(&victim))
-        .await
-        .expect("delete");
+    p.delete_instances(A100, std::slice::from_ref(&victim)).await.expect("delete");
     assert_clean(&fake);
     assert_eq!(fake.target_size(ZONE_A, "gpu-a100"), 1);
-    let names: Vec<String> = fake
-        .instances(ZONE_A, "gpu-a100")
-        .into_iter()
-        .map(|(n, _, _)| n)
-        .collect();
+    let names: Vec<String> = fake.instances(ZONE_A, "gpu-a100").into_iter().map(|(n, _, _)| n).collect();
     assert!(!names.contains(&victim_name), "{names:?}");
 
     let body = fake
@@ -318,17 +270,12 @@ async fn deletes_a_specific_instance_and_lowers_the_target() {
     let groups = p.refresh().await.expect("refresh");
     let a100 = group(&groups, A100);
     assert_eq!(a100.target_size, 1);
-    assert_eq!(
-        a100.instances.iter().map(|i| &i.id).collect::<Vec<_>>(),
-        vec![&keep]
-    );
+    assert_eq!(a100.instances.iter().map(|i| &i.id).collect::<Vec<_>>(), vec![&keep]);
 
     // A non-member is refused before any deleteInstances call.
     let calls = count(&fake, "POST", "/deleteInstances");
-    let err = p
-        .delete_instances(A100, &["gce://gpuscale-test/us-central1-a/not-mine".into()])
-        .await
-        .unwrap_err();
+    let err =
+        p.delete_instances(A100, &["gce://gpuscale-test/us-central1-a/not-mine".into()]).await.unwrap_err();
     assert!(
         matches!(&err, ProviderError::InstanceNotFound { group, instance } if group == A100 && instance.ends_with("not-mine")),
         "{err:?}"
@@ -364,10 +311,7 @@ async fn stockout_in_the_operation_is_insufficient_capacity() {
         "Quota 'NVIDIA_A100_GPUS' exceeded.  Limit: 16.0 in region us-central1.",
     );
     let err = p.set_target_size(A100, 5).await.unwrap_err();
-    assert!(
-        matches!(&err, ProviderError::QuotaExceeded(m) if m.contains("NVIDIA_A100_GPUS")),
-        "{err:?}"
-    );
+    assert!(matches!(&err, ProviderError::QuotaExceeded(m) if m.contains("NVIDIA_A100_GPUS")), "{err:?}");
     assert_clean(&fake);
 }
 
@@ -376,9 +320,7 @@ async fn creation_errors_of_managed_instances_are_failed_instances() {
     let fake = cluster().await;
     fake.set_stockout(ZONE_A, "gpu-a100", true);
     let p = provider(&fake).await;
-    p.set_target_size(A100, 3)
-        .await
-        .expect("the resize itself succeeds");
+    p.set_target_size(A100, 3).await.expect("the resize itself succeeds");
     let groups = p.refresh().await.expect("refresh");
     let a100 = group(&groups, A100);
     let failed: Vec<_> = a100
@@ -421,17 +363,13 @@ async fn rate_limits_are_throttling() {
         path_suffix: "/zones/us-central1-a/instanceGroupManagers".into(),
         status: 403,
         reason: "rateLimitExceeded",
-        message:
-            "Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute'"
-                .into(),
+        message: "Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute'"
+            .into(),
         retry_after: None,
         times: 1,
     });
     let err = p.refresh().await.unwrap_err();
-    assert!(
-        matches!(err, ProviderError::Throttled { retry_after: None }),
-        "{err:?}"
-    );
+    assert!(matches!(err, ProviderError::Throttled { retry_after: None }), "{err:?}");
     assert_clean(&fake);
 }
 
@@ -459,9 +397,8 @@ async fn server_and_auth_errors_are_classified() {
         path_suffix: "/instanceGroupManagers".into(),
         status: 403,
         reason: "forbidden",
-        message:
-            "Required 'compute.instanceGroupManagers.list' permission for 'projects/gpuscale-test'"
-                .into(),
+        message: "Required 'compute.instanceGroupManagers.list' permission for 'projects/gpuscale-test'"
+            .into(),
         retry_after: None,
         times: 1,
     });
@@ -500,45 +437,14 @@ async fn unknown_groups_and_out_of_range_sizes() {
         "gpu-a100",
     ] {
         let err = p.set_target_size(id, 1).await.unwrap_err();
-        assert!(
-            matches!(&err, ProviderError::GroupNotFound(g) if g == id),
-            "{id}: {err:?}"
-        );
-        let err = p
-            .delete_instances(id, &["gce://gpuscale-test/us-central1-a/x".into()])
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProviderError::GroupNotFound(g) if g == id),
-            "{id}: {err:?}"
-        );
+        assert!(matches!(&err, ProviderError::GroupNotFound(g) if g == id), "{id}: {err:?}");
+        let err = p.delete_instances(id, &["gce://gpuscale-test/us-central1-a/x".into()]).await.unwrap_err();
+        assert!(matches!(&err, ProviderError::GroupNotFound(g) if g == id), "{id}: {err:?}");
     }
     let err = p.set_target_size(A100, 11).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ProviderError::SizeOutOfRange {
-                target: 11,
-                min: 0,
-                max: 10,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, ProviderError::SizeOutOfRange { target: 11, min: 0, max: 10, .. }), "{err:?}");
     let err = p.set_target_size(L4, 0).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ProviderError::SizeOutOfRange {
-                target: 0,
-                min: 1,
-                max: 4,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, ProviderError::SizeOutOfRange { target: 0, min: 1, max: 4, .. }), "{err:?}");
     assert_eq!(count(&fake, "POST", "/resize"), 0);
     assert_eq!(count(&fake, "POST", "/deleteInstances"), 0);
     assert_clean(&fake);
@@ -553,25 +459,12 @@ async fn slow_operations_time_out_and_leave_pending_instances() {
     s.poll_interval_ms = 50;
     let p = GcpProvider::connect(s).await.expect("connect");
     let err = p.set_target_size(L4, 3).await.unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            ProviderError::Api {
-                retryable: true,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(&err, ProviderError::Api { retryable: true, .. }), "{err:?}");
     assert!(err.to_string().contains("still RUNNING"), "{err}");
     let groups = p.refresh().await.expect("refresh");
     let l4 = group(&groups, L4);
     assert_eq!(l4.target_size, 3);
-    let pending = l4
-        .instances
-        .iter()
-        .filter(|i| i.state == InstanceState::Pending)
-        .count();
+    let pending = l4.instances.iter().filter(|i| i.state == InstanceState::Pending).count();
     assert_eq!(pending, 2, "{:?}", l4.instances);
     assert_clean(&fake);
 }
@@ -579,38 +472,14 @@ async fn slow_operations_time_out_and_leave_pending_instances() {
 #[tokio::test]
 async fn a_mig_with_malformed_bounds_is_skipped_not_fatal() {
     let fake = cluster().await;
-    fake.add_mig(
-        ZONE_A,
-        "gpu-bad",
-        "gpu-l4-spot",
-        1,
-        Some("gpuscale-max=lots"),
-    );
+    fake.add_mig(ZONE_A, "gpu-bad", "gpu-l4-spot", 1, Some("gpuscale-max=lots"));
     let p = provider(&fake).await;
     let groups = p.refresh().await.expect("refresh");
-    assert_eq!(
-        ids(&groups),
-        vec![A100, L4, "gcp/ml/us-central1-b/gpu-l4-b"]
-    );
-    let err = p
-        .set_target_size("gcp/ml/us-central1-a/gpu-bad", 2)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            ProviderError::Api {
-                retryable: false,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_eq!(ids(&groups), vec![A100, L4, "gcp/ml/us-central1-b/gpu-l4-b"]);
+    let err = p.set_target_size("gcp/ml/us-central1-a/gpu-bad", 2).await.unwrap_err();
+    assert!(matches!(&err, ProviderError::Api { retryable: false, .. }), "{err:?}");
     let msg = std::error::Error::source(&err).unwrap().to_string();
-    assert!(
-        msg.contains("gpu-bad") && msg.contains("gpuscale-max") && msg.contains("lots"),
-        "{msg}"
-    );
+    assert!(msg.contains("gpu-bad") && msg.contains("gpuscale-max") && msg.contains("lots"), "{msg}");
     assert_eq!(count(&fake, "POST", "/resize"), 0);
     assert_clean(&fake);
 }

@@ -30,18 +30,17 @@ const BASE_GROUP: &str = "
 ";
 
 fn sim(groups: &str) -> String {
-    format!("accounts:\n  - name: sim\n    provider: simulated\n    region: us-east-1\n    nodeGroups:{groups}")
+    format!(
+        "accounts:\n  - name: sim\n    provider: simulated\n    region: us-east-1\n    nodeGroups:{groups}"
+    )
 }
 
 #[test]
 fn example_files_load() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/providers");
-    let cfg = load_files(&[
-        format!("{dir}/aws.yaml"),
-        format!("{dir}/gcp.yaml"),
-        format!("{dir}/simulated.yaml"),
-    ])
-    .unwrap();
+    let cfg =
+        load_files(&[format!("{dir}/aws.yaml"), format!("{dir}/gcp.yaml"), format!("{dir}/simulated.yaml")])
+            .unwrap();
     assert_eq!(cfg.accounts.len(), 4);
     assert_eq!(cfg.sources[3].file_name().unwrap(), "simulated.yaml");
     let prod = cfg.account("prod-aws").unwrap();
@@ -68,14 +67,8 @@ fn example_files_load() {
     assert_eq!(l40s.price, dollars(10.49264));
     assert_eq!(l40s.template.labels["karpenter.sh/capacity-type"], "spot");
     let a100 = by_id["ml-gcp/a100-pool"];
-    assert_eq!(
-        a100.template.labels["cloud.google.com/gke-nodepool"],
-        "a100-pool"
-    );
-    assert_eq!(
-        a100.template.labels["cloud.google.com/gke-accelerator"],
-        "nvidia-tesla-a100"
-    );
+    assert_eq!(a100.template.labels["cloud.google.com/gke-nodepool"], "a100-pool");
+    assert_eq!(a100.template.labels["cloud.google.com/gke-accelerator"], "nvidia-tesla-a100");
     assert_eq!(a100.template.labels["nvidia.com/mig-3g.20gb.count"], "16");
     assert_eq!(by_id["ml-gcp/l4-spot-pool"].price, dollars(1.60));
 }
@@ -104,23 +97,14 @@ fn embedded_default_mirrors_the_example_cluster() {
     assert_eq!(mig.template.node_group.as_deref(), Some("sim/gpu-a100-mig"));
     assert_eq!(mig.template.gpus.len(), 8);
     for gpu in &mig.template.gpus {
-        let GpuMode::Mig { instances, dynamic } = &gpu.mode else {
-            panic!("{:?}", gpu.mode)
-        };
+        let GpuMode::Mig { instances, dynamic } = &gpu.mode else { panic!("{:?}", gpu.mode) };
         assert!(!dynamic);
         assert_eq!(instances.len(), 7);
         assert!(instances.iter().all(|i| i.placement.profile == "1g.5gb"));
     }
     let ts = &groups[2];
-    assert!(ts
-        .template
-        .gpus
-        .iter()
-        .all(|g| g.mode == GpuMode::TimeSliced { replicas: 4 }));
-    assert_eq!(
-        ts.template.labels["nvidia.com/gpu.product"],
-        "NVIDIA-L4-SHARED"
-    );
+    assert!(ts.template.gpus.iter().all(|g| g.mode == GpuMode::TimeSliced { replicas: 4 }));
+    assert_eq!(ts.template.labels["nvidia.com/gpu.product"], "NVIDIA-L4-SHARED");
     assert_eq!(groups[3].capacity_type, CapacityType::Spot);
     assert_eq!(groups[3].price, dollars(2.07));
     assert!(groups[5].template.gpus.is_empty());
@@ -137,31 +121,11 @@ fn template_nodes_follow_the_catalog() {
         };
         let node = catalog::template_node(spec, zone, &no_labels, &[], &GpuSharing::None).unwrap();
         let capacity = Resources::new(u64::from(spec.vcpu) * 1000, spec.memory_mib);
-        assert!(
-            node.allocatable.fits_in(&capacity),
-            "{}",
-            spec.instance_type
-        );
-        assert!(
-            node.allocatable.cpu_milli < capacity.cpu_milli,
-            "{}",
-            spec.instance_type
-        );
-        assert!(
-            node.allocatable.memory_bytes < capacity.memory_bytes,
-            "{}",
-            spec.instance_type
-        );
-        assert_eq!(
-            node.gpus.len(),
-            spec.gpus as usize,
-            "{}",
-            spec.instance_type
-        );
-        assert_eq!(
-            node.labels["node.kubernetes.io/instance-type"],
-            spec.instance_type
-        );
+        assert!(node.allocatable.fits_in(&capacity), "{}", spec.instance_type);
+        assert!(node.allocatable.cpu_milli < capacity.cpu_milli, "{}", spec.instance_type);
+        assert!(node.allocatable.memory_bytes < capacity.memory_bytes, "{}", spec.instance_type);
+        assert_eq!(node.gpus.len(), spec.gpus as usize, "{}", spec.instance_type);
+        assert_eq!(node.labels["node.kubernetes.io/instance-type"], spec.instance_type);
         assert_eq!(node.labels["topology.kubernetes.io/zone"], zone);
         if let Some(model) = &spec.gpu_model {
             let m = GpuCatalog.resolve(model).unwrap();
@@ -170,11 +134,7 @@ fn template_nodes_follow_the_catalog() {
             assert_eq!(node.labels["nvidia.com/gpu.count"], spec.gpus.to_string());
             // The product label GFD sets resolves back to the same model.
             let product = &node.labels["nvidia.com/gpu.product"];
-            assert_eq!(
-                GpuCatalog.resolve(product).unwrap().name,
-                m.name,
-                "{product}"
-            );
+            assert_eq!(GpuCatalog.resolve(product).unwrap().name, m.name, "{product}");
             assert_eq!(
                 !node.topology.nvlink_domain.is_empty(),
                 spec.nvlink && spec.gpus > 1,
@@ -189,19 +149,11 @@ fn template_nodes_follow_the_catalog() {
 
     // Known values: EKS m6i.large and GKE g2-standard-4.
     let m6i = catalog::lookup("m6i.large").unwrap();
-    let node =
-        catalog::template_node(m6i, "us-east-1a", &no_labels, &[], &GpuSharing::None).unwrap();
-    assert_eq!(
-        node.allocatable,
-        Resources::new(2000 - 70, 8192 - (11 * 29 + 255) - 100)
-    );
+    let node = catalog::template_node(m6i, "us-east-1a", &no_labels, &[], &GpuSharing::None).unwrap();
+    assert_eq!(node.allocatable, Resources::new(2000 - 70, 8192 - (11 * 29 + 255) - 100));
     let g2 = catalog::lookup("g2-standard-4").unwrap();
-    let node =
-        catalog::template_node(g2, "us-central1-a", &no_labels, &[], &GpuSharing::None).unwrap();
-    assert_eq!(
-        node.allocatable,
-        Resources::new(4000 - 80, 16384 - 2663 - 100)
-    );
+    let node = catalog::template_node(g2, "us-central1-a", &no_labels, &[], &GpuSharing::None).unwrap();
+    assert_eq!(node.allocatable, Resources::new(4000 - 80, 16384 - 2663 - 100));
     assert_eq!(node.labels["topology.kubernetes.io/region"], "us-central1");
     assert_eq!(node.labels["nvidia.com/gpu.memory"], "23034");
 }
@@ -218,16 +170,8 @@ fn mig_layouts_are_valid_for_each_model() {
         (p4d, "all-7g.40gb", vec![("7g.40gb", 1)]),
         (p4d, "all-1g.10gb", vec![("1g.10gb", 4)]),
         (p4d, "all-1g.5gb.me", vec![("1g.5gb+me", 1)]),
-        (
-            p4d,
-            "all-balanced",
-            vec![("1g.5gb", 2), ("2g.10gb", 1), ("3g.20gb", 1)],
-        ),
-        (
-            p5,
-            "all-balanced",
-            vec![("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1)],
-        ),
+        (p4d, "all-balanced", vec![("1g.5gb", 2), ("2g.10gb", 1), ("3g.20gb", 1)]),
+        (p5, "all-balanced", vec![("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1)]),
         (p5e, "all-1g.18gb", vec![("1g.18gb", 7)]),
     ];
     for (spec, layout, want) in cases {
@@ -241,11 +185,8 @@ fn mig_layouts_are_valid_for_each_model() {
         .unwrap();
         let geometry = node.mig_geometry().unwrap();
         for gpu in &node.gpus {
-            let GpuMode::Mig { instances, .. } = &gpu.mode else {
-                panic!("{layout}: {:?}", gpu.mode)
-            };
-            let placements: Vec<mig::MigPlacement> =
-                instances.iter().map(|i| i.placement.clone()).collect();
+            let GpuMode::Mig { instances, .. } = &gpu.mode else { panic!("{layout}: {:?}", gpu.mode) };
+            let placements: Vec<mig::MigPlacement> = instances.iter().map(|i| i.placement.clone()).collect();
             assert_eq!(geometry.validate(&placements), Ok(()), "{layout}");
             let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
             for p in &placements {
@@ -299,11 +240,8 @@ fn several_accounts_per_file_and_several_files() {
     assert_eq!(cfg.accounts.len(), 3);
     assert!(cfg.node_groups().is_empty());
 
-    let dup =
-        "accounts:\n  - name: a\n    provider: gcp\n    project: p\n    region: europe-west4\n";
-    let msg = load_strs(&[("a.yaml", a), ("dup.yaml", dup)])
-        .unwrap_err()
-        .to_string();
+    let dup = "accounts:\n  - name: a\n    provider: gcp\n    project: p\n    region: europe-west4\n";
+    let msg = load_strs(&[("a.yaml", a), ("dup.yaml", dup)]).unwrap_err().to_string();
     assert!(msg.contains("dup.yaml"), "{msg}");
     assert!(msg.contains("accounts[0].name"), "{msg}");
     assert!(msg.contains("\"a\""), "{msg}");
@@ -312,11 +250,7 @@ fn several_accounts_per_file_and_several_files() {
 
 #[test]
 fn duplicate_group_names() {
-    expect_error(
-        &sim(&format!("{BASE_GROUP}{BASE_GROUP}")),
-        "accounts[0].nodeGroups[1].name",
-        "\"g\"",
-    );
+    expect_error(&sim(&format!("{BASE_GROUP}{BASE_GROUP}")), "accounts[0].nodeGroups[1].name", "\"g\"");
 }
 
 #[test]
@@ -444,11 +378,9 @@ fn spot_group_needs_a_spot_price_unless_the_provider_supplies_it() {
         maxSize: 4
 ";
     let msg = expect_error(&sim(spot), "accounts[0].nodeGroups[0].price.spot", "null");
-    assert!(
-        msg.contains("provider simulated cannot supply spot prices"),
-        "{msg}"
-    );
-    let gcp = "accounts:\n  - name: g\n    provider: gcp\n    project: p\n    region: us-central1\n    nodeGroups:
+    assert!(msg.contains("provider simulated cannot supply spot prices"), "{msg}");
+    let gcp =
+        "accounts:\n  - name: g\n    provider: gcp\n    project: p\n    region: us-central1\n    nodeGroups:
       - name: spotty
         instanceType: g2-standard-4
         zones: [us-central1-a]
@@ -460,14 +392,10 @@ fn spot_group_needs_a_spot_price_unless_the_provider_supplies_it() {
     let with_override = format!(
         "accounts:\n  - name: sim\n    provider: simulated\n    region: us-east-1\n    priceOverrides: {{g6.xlarge: {{spot: 0.31}}}}\n    nodeGroups:{spot}"
     );
-    assert_eq!(
-        load(&with_override).unwrap().node_groups()[0].price,
-        dollars(0.31)
-    );
+    assert_eq!(load(&with_override).unwrap().node_groups()[0].price, dollars(0.31));
     // AWS can look spot prices up.
-    let aws = format!(
-        "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    nodeGroups:{spot}"
-    );
+    let aws =
+        format!("accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    nodeGroups:{spot}");
     assert_eq!(load(&aws).unwrap().node_groups()[0].price, dollars(0.8048));
 }
 
@@ -488,9 +416,7 @@ fn missing_on_demand_price() {
 #[test]
 fn malformed_yaml_reports_line_and_column() {
     let err = load("accounts:\n  - name: a\n    provider: [aws\n").unwrap_err();
-    let ConfigError::Yaml { line, column, .. } = &err else {
-        panic!("{err}")
-    };
+    let ConfigError::Yaml { line, column, .. } = &err else { panic!("{err}") };
     assert!(*line >= 3 && *column > 0, "{err}");
     assert!(err.to_string().starts_with("conf/test.yaml:"), "{err}");
 }
@@ -514,11 +440,7 @@ fn unknown_keys_are_rejected_with_their_path() {
         "rateLimit",
         "rps",
     );
-    expect_error(
-        "accounts:\n  - name: a\n    provider: azure\n",
-        "provider",
-        "azure",
-    );
+    expect_error("accounts:\n  - name: a\n    provider: azure\n", "provider", "azure");
 }
 
 #[test]
@@ -533,21 +455,13 @@ fn empty_files() {
 
 #[test]
 fn account_level_validation() {
-    expect_error(
-        "accounts:\n  - name: a\n    provider: aws\n",
-        "accounts[0].region",
-        "null",
-    );
+    expect_error("accounts:\n  - name: a\n    provider: aws\n", "accounts[0].region", "null");
     expect_error(
         "accounts:\n  - name: g\n    provider: gcp\n    region: us-central1\n",
         "accounts[0].project",
         "None",
     );
-    expect_error(
-        "accounts:\n  - name: s\n    provider: simulated\n",
-        "accounts[0].nodeGroups",
-        "[]",
-    );
+    expect_error("accounts:\n  - name: s\n    provider: simulated\n", "accounts[0].nodeGroups", "[]");
     expect_error(
         "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    credentials: {profile: p, env: true}\n",
         "accounts[0].credentials",
@@ -569,10 +483,8 @@ fn account_level_validation() {
         "localhost:5000",
     );
     expect_error(
-        &sim(BASE_GROUP).replace(
-            "region: us-east-1\n",
-            "region: us-east-1\n    simulation: {capacityErrorRate: 1.5}\n",
-        ),
+        &sim(BASE_GROUP)
+            .replace("region: us-east-1\n", "region: us-east-1\n    simulation: {capacityErrorRate: 1.5}\n"),
         "accounts[0].simulation.capacityErrorRate",
         "1.5",
     );
@@ -615,17 +527,10 @@ fn several_errors_are_all_reported() {
 #[test]
 fn load_files_names_unreadable_files() {
     let mut f = tempfile::NamedTempFile::new().unwrap();
-    writeln!(
-        f,
-        "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1"
-    )
-    .unwrap();
+    writeln!(f, "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1").unwrap();
     let cfg = load_files(&[f.path()]).unwrap();
     assert_eq!(cfg.sources[0], f.path());
     let err = load_files(&["/nonexistent/gpuscale.yaml"]).unwrap_err();
-    assert!(
-        err.to_string().contains("/nonexistent/gpuscale.yaml"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("/nonexistent/gpuscale.yaml"), "{err}");
     assert!(matches!(load_files::<&str>(&[]), Err(ConfigError::NoFiles)));
 }

@@ -40,10 +40,7 @@ fn config(simulation: &str) -> ProviderConfig {
 }
 
 fn cloud(simulation: &str) -> SimulatedCloud {
-    SimulatedCloud::from_config(&config(simulation))
-        .into_iter()
-        .next()
-        .unwrap()
+    SimulatedCloud::from_config(&config(simulation)).into_iter().next().unwrap()
 }
 
 fn group<'a>(groups: &'a [NodeGroup], id: &str) -> &'a NodeGroup {
@@ -63,9 +60,7 @@ async fn scale_up_boots_after_the_boot_delay() {
     let spot = group(&groups, "sim/l4-spot");
     assert_eq!(count(spot, |s| *s == InstanceState::Running), 20);
     let custom = group(&groups, "sim/custom");
-    assert!(custom.instances[0]
-        .id
-        .starts_with("sim:///us-east-1b/custom-"));
+    assert!(custom.instances[0].id.starts_with("sim:///us-east-1b/custom-"));
 
     c.set_target_size("sim/h100", 4).await.unwrap();
     let g = c.snapshot();
@@ -75,13 +70,7 @@ async fn scale_up_boots_after_the_boot_delay() {
     // Balanced over both zones, AWS-shaped ids.
     for zone in ["us-east-1a", "us-east-1b"] {
         let prefix = format!("aws:///{zone}/i-");
-        assert_eq!(
-            h100.instances
-                .iter()
-                .filter(|i| i.id.starts_with(&prefix))
-                .count(),
-            2
-        );
+        assert_eq!(h100.instances.iter().filter(|i| i.id.starts_with(&prefix)).count(), 2);
     }
     for i in &h100.instances {
         let hex = i.id.rsplit("/i-").next().unwrap();
@@ -90,17 +79,10 @@ async fn scale_up_boots_after_the_boot_delay() {
     }
 
     c.advance(SECS(119));
-    assert_eq!(
-        count(group(&c.snapshot(), "sim/h100"), |s| *s
-            == InstanceState::Pending),
-        4
-    );
+    assert_eq!(count(group(&c.snapshot(), "sim/h100"), |s| *s == InstanceState::Pending), 4);
     c.advance(SECS(1));
     let g = c.snapshot();
-    assert_eq!(
-        count(group(&g, "sim/h100"), |s| *s == InstanceState::Running),
-        4
-    );
+    assert_eq!(count(group(&g, "sim/h100"), |s| *s == InstanceState::Running), 4);
     assert_eq!(c.now(), SECS(120));
 
     let ops = c.operations();
@@ -109,16 +91,8 @@ async fn scale_up_boots_after_the_boot_delay() {
         &ops[1].op,
         Operation::SetTargetSize { group, from: 0, to: 4, error: None } if group == "sim/h100"
     ));
-    assert_eq!(
-        ops.iter()
-            .filter(|o| matches!(o.op, Operation::Launched { .. }))
-            .count(),
-        4
-    );
-    let running: Vec<_> = ops
-        .iter()
-        .filter(|o| matches!(o.op, Operation::Running { .. }))
-        .collect();
+    assert_eq!(ops.iter().filter(|o| matches!(o.op, Operation::Launched { .. })).count(), 4);
+    let running: Vec<_> = ops.iter().filter(|o| matches!(o.op, Operation::Running { .. })).collect();
     assert_eq!(running.len(), 4);
     assert!(running.iter().all(|o| o.at == SECS(120)));
 }
@@ -127,19 +101,13 @@ async fn scale_up_boots_after_the_boot_delay() {
 async fn setting_the_same_target_twice_creates_nothing_more() {
     let c = cloud("{seed: 2}");
     c.set_target_size("sim/h100", 3).await.unwrap();
-    let first: Vec<String> = group(&c.snapshot(), "sim/h100")
-        .instances
-        .iter()
-        .map(|i| i.id.clone())
-        .collect();
+    let first: Vec<String> =
+        group(&c.snapshot(), "sim/h100").instances.iter().map(|i| i.id.clone()).collect();
     c.set_target_size("sim/h100", 3).await.unwrap();
     c.advance(SECS(1));
     c.set_target_size("sim/h100", 3).await.unwrap();
-    let after: Vec<String> = group(&c.snapshot(), "sim/h100")
-        .instances
-        .iter()
-        .map(|i| i.id.clone())
-        .collect();
+    let after: Vec<String> =
+        group(&c.snapshot(), "sim/h100").instances.iter().map(|i| i.id.clone()).collect();
     assert_eq!(first, after);
     // Scale in: the pending instances go first, newest first.
     c.set_target_size("sim/h100", 1).await.unwrap();
@@ -158,35 +126,22 @@ async fn capacity_errors_are_seeded_and_reproducible() {
         group(&c.snapshot(), "sim/h100")
             .instances
             .iter()
-            .map(|i| {
-                (
-                    i.id.clone(),
-                    matches!(i.state, InstanceState::Failed { .. }),
-                )
-            })
+            .map(|i| (i.id.clone(), matches!(i.state, InstanceState::Failed { .. })))
             .collect()
     }
     let a = failures(11).await;
     assert_eq!(a, failures(11).await, "same seed, same run");
     assert_ne!(a, failures(12).await, "another seed, another run");
     let failed = a.iter().filter(|(_, f)| *f).count();
-    assert!(
-        failed > 0 && failed < 10,
-        "{failed} of 10 failed at rate 0.3"
-    );
+    assert!(failed > 0 && failed < 10, "{failed} of 10 failed at rate 0.3");
 
     let c = cloud("{capacityErrorRate: 1.0}");
     c.set_target_size("sim/h100", 2).await.unwrap();
     let g = c.snapshot();
     for i in &group(&g, "sim/h100").instances {
-        let InstanceState::Failed { class, message } = &i.state else {
-            panic!("{:?}", i.state)
-        };
+        let InstanceState::Failed { class, message } = &i.state else { panic!("{:?}", i.state) };
         assert_eq!(*class, ErrorClass::OutOfCapacity);
-        assert!(
-            message.contains("InsufficientInstanceCapacity"),
-            "{message}"
-        );
+        assert!(message.contains("InsufficientInstanceCapacity"), "{message}");
         assert!(message.contains("p5.48xlarge"), "{message}");
     }
     // Failed launches hold their slot (no relaunch on a repeated target) until retried.
@@ -207,11 +162,7 @@ async fn zone_capacity_caps_launches() {
     c.set_target_size("sim/h100", 6).await.unwrap();
     let g = c.snapshot();
     let h = group(&g, "sim/h100");
-    let in_b = h
-        .instances
-        .iter()
-        .filter(|i| i.id.starts_with("aws:///us-east-1b/"))
-        .count();
+    let in_b = h.instances.iter().filter(|i| i.id.starts_with("aws:///us-east-1b/")).count();
     assert_eq!(in_b, 1, "{:?}", h.instances);
     // Balancing prefers 1b, it is full, so the rest go to 1a.
     assert_eq!(count(h, |s| matches!(s, InstanceState::Failed { .. })), 0);
@@ -229,15 +180,9 @@ async fn delete_specific_instances_decrements_the_target() {
     c.advance(SECS(200));
     let g = c.snapshot();
     let victim = group(&g, "sim/h100").instances[1].id.clone();
-    let keep: Vec<String> = group(&g, "sim/h100")
-        .instances
-        .iter()
-        .map(|i| i.id.clone())
-        .filter(|id| *id != victim)
-        .collect();
-    c.delete_instances("sim/h100", std::slice::from_ref(&victim))
-        .await
-        .unwrap();
+    let keep: Vec<String> =
+        group(&g, "sim/h100").instances.iter().map(|i| i.id.clone()).filter(|id| *id != victim).collect();
+    c.delete_instances("sim/h100", std::slice::from_ref(&victim)).await.unwrap();
     let g = c.snapshot();
     let h = group(&g, "sim/h100");
     assert_eq!(h.target_size, 2);
@@ -247,9 +192,7 @@ async fn delete_specific_instances_decrements_the_target() {
         assert_eq!(*state(id), InstanceState::Running);
     }
     // A retried delete of the same instance is a no-op, not a second decrement.
-    c.delete_instances("sim/h100", std::slice::from_ref(&victim))
-        .await
-        .unwrap();
+    c.delete_instances("sim/h100", std::slice::from_ref(&victim)).await.unwrap();
     assert_eq!(group(&c.snapshot(), "sim/h100").target_size, 2);
     c.advance(SECS(1));
     let g = c.snapshot();
@@ -259,16 +202,10 @@ async fn delete_specific_instances_decrements_the_target() {
 
     // Unknown instance: nothing changes.
     let err = c
-        .delete_instances(
-            "sim/h100",
-            &[keep[0].clone(), "aws:///us-east-1a/i-nope".into()],
-        )
+        .delete_instances("sim/h100", &[keep[0].clone(), "aws:///us-east-1a/i-nope".into()])
         .await
         .unwrap_err();
-    assert!(
-        matches!(err, ProviderError::InstanceNotFound { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, ProviderError::InstanceNotFound { .. }), "{err}");
     assert_eq!(group(&c.snapshot(), "sim/h100").target_size, 2);
     // Below minSize is refused.
     let custom = group(&c.snapshot(), "sim/custom").instances[0].id.clone();
@@ -288,37 +225,22 @@ async fn bounds_and_unknown_groups() {
     let c = cloud("{}");
     assert!(matches!(
         c.set_target_size("sim/h100", 11).await,
-        Err(ProviderError::SizeOutOfRange {
-            target: 11,
-            max: 10,
-            ..
-        })
+        Err(ProviderError::SizeOutOfRange { target: 11, max: 10, .. })
     ));
-    assert!(matches!(
-        c.set_target_size("sim/nope", 1).await,
-        Err(ProviderError::GroupNotFound(_))
-    ));
+    assert!(matches!(c.set_target_size("sim/nope", 1).await, Err(ProviderError::GroupNotFound(_))));
     assert!(group(&c.snapshot(), "sim/h100").instances.is_empty());
-    assert!(matches!(
-        c.operations().last().unwrap().op,
-        Operation::SetTargetSize { error: Some(_), .. }
-    ));
+    assert!(matches!(c.operations().last().unwrap().op, Operation::SetTargetSize { error: Some(_), .. }));
 }
 
 #[tokio::test]
 async fn spot_instances_are_interrupted_and_replaced() {
     let run = |seed: u64| async move {
-        let c = cloud(&format!(
-            "{{spotInterruptionsPerHour: 0.5, seed: {seed}, bootSeconds: 60}}"
-        ));
+        let c = cloud(&format!("{{spotInterruptionsPerHour: 0.5, seed: {seed}, bootSeconds: 60}}"));
         for _ in 0..12 {
             c.advance(SECS(300));
         }
-        let interrupted = c
-            .operations()
-            .iter()
-            .filter(|o| matches!(o.op, Operation::SpotInterrupted { .. }))
-            .count();
+        let interrupted =
+            c.operations().iter().filter(|o| matches!(o.op, Operation::SpotInterrupted { .. })).count();
         let g = c.snapshot();
         // On-demand groups are never interrupted.
         assert!(!c.operations().iter().any(|o| matches!(
@@ -346,10 +268,7 @@ async fn built_directly_and_shared_between_tasks() {
     let c = std::sync::Arc::new(SimulatedCloud::new(
         "direct",
         groups,
-        SimulationSettings {
-            boot: SECS(10),
-            ..SimulationSettings::default()
-        },
+        SimulationSettings { boot: SECS(10), ..SimulationSettings::default() },
     ));
     let mut tasks = Vec::new();
     for t in 1..=4u32 {
@@ -367,10 +286,7 @@ async fn built_directly_and_shared_between_tasks() {
     let h = group(&h, "sim/h100");
     assert!((1..=4).contains(&h.target_size));
     assert_eq!(
-        h.instances
-            .iter()
-            .filter(|i| i.state == InstanceState::Running)
-            .count() as u32,
+        h.instances.iter().filter(|i| i.state == InstanceState::Running).count() as u32,
         h.target_size
     );
 }
@@ -390,11 +306,7 @@ async fn polite_wrapper_learns_from_simulated_stockouts() {
     assert!(p.group_backoff("sim/h100").is_some());
     assert!(p.set_target_size("sim/h100", 3).await.is_err());
     assert_eq!(
-        p.inner()
-            .operations()
-            .iter()
-            .filter(|o| matches!(o.op, Operation::SetTargetSize { .. }))
-            .count(),
+        p.inner().operations().iter().filter(|o| matches!(o.op, Operation::SetTargetSize { .. })).count(),
         1,
         "the refused scale-up never reached the cloud"
     );
@@ -412,10 +324,7 @@ async fn simulated_gcp_types_get_gke_templates_and_sim_ids() {
     let cfg = load_strs(&[("gsim.yaml", text)]).unwrap();
     let g = &cfg.node_groups()[0];
     assert_eq!(g.template.labels["cloud.google.com/gke-nodepool"], "l4");
-    assert_eq!(
-        g.template.labels["topology.kubernetes.io/region"],
-        "us-central1"
-    );
+    assert_eq!(g.template.labels["topology.kubernetes.io/region"], "us-central1");
     assert_eq!(g.template.gpus.len(), 2);
     let c = SimulatedCloud::from_config(&cfg).remove(0);
     let groups = c.refresh().await.unwrap();

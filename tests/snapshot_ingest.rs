@@ -16,31 +16,18 @@ fn load(rel: &str) -> LoadedSnapshot {
 }
 
 fn node<'a>(s: &'a LoadedSnapshot, name: &str) -> &'a Node {
-    s.snapshot
-        .nodes
-        .iter()
-        .find(|n| n.name == name)
-        .unwrap_or_else(|| panic!("node {name}"))
+    s.snapshot.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("node {name}"))
 }
 
 fn workload<'a>(s: &'a LoadedSnapshot, id: &str) -> &'a Workload {
-    s.snapshot
-        .workloads
-        .iter()
-        .find(|w| w.id == id)
-        .unwrap_or_else(|| panic!("workload {id}"))
+    s.snapshot.workloads.iter().find(|w| w.id == id).unwrap_or_else(|| panic!("workload {id}"))
 }
 
 fn mig_used(n: &Node) -> Vec<String> {
     let mut used = Vec::new();
     for g in &n.gpus {
         if let GpuMode::Mig { instances, .. } = &g.mode {
-            used.extend(
-                instances
-                    .iter()
-                    .filter(|i| i.used)
-                    .map(|i| i.placement.profile.clone()),
-            );
+            used.extend(instances.iter().filter(|i| i.used).map(|i| i.placement.profile.clone()));
         }
     }
     used.sort();
@@ -51,15 +38,8 @@ fn mig_used(n: &Node) -> Vec<String> {
 fn kubectl_list_of_a_gpu_cluster() {
     let s = load("tests/data/snapshots/cluster.json");
     assert_eq!(s.snapshot.nodes.len(), 5);
-    assert_eq!(
-        s.snapshot.workloads.len(),
-        12,
-        "the Succeeded job pod is dropped"
-    );
-    assert!(s
-        .warnings
-        .iter()
-        .any(|w| w.contains("kind Service") && w.contains("ml-inference/bert-serving")));
+    assert_eq!(s.snapshot.workloads.len(), 12, "the Succeeded job pod is dropped");
+    assert!(s.warnings.iter().any(|w| w.contains("kind Service") && w.contains("ml-inference/bert-serving")));
 
     // MIG mixed strategy, all-balanced on 8x A100-40GB, with three instances in use.
     let a100 = node(&s, "ip-10-0-12-34.ec2.internal");
@@ -68,11 +48,7 @@ fn kubectl_list_of_a_gpu_cluster() {
     assert_eq!(a100.node_group.as_deref(), Some("gpu-a100-mig"));
     assert_eq!(a100.zone.as_deref(), Some("us-east-1a"));
     assert_eq!(a100.instance_type.as_deref(), Some("p4d.24xlarge"));
-    assert!(a100
-        .provider_id
-        .as_deref()
-        .unwrap()
-        .starts_with("aws:///us-east-1a/i-"));
+    assert!(a100.provider_id.as_deref().unwrap().starts_with("aws:///us-east-1a/i-"));
     assert_eq!(a100.gpus.len(), 8);
     for g in &a100.gpus {
         let GpuMode::Mig { instances, dynamic } = &g.mode else {
@@ -95,10 +71,7 @@ fn kubectl_list_of_a_gpu_cluster() {
     assert_eq!(t4.gpus[0].mode, GpuMode::TimeSliced { replicas: 4 });
     assert_eq!(t4.gpus[0].used_replicas, 2);
     assert_eq!(t4.gpus[0].memory_mib, 15_360);
-    assert_eq!(
-        t4.allocated.cpu_milli, 1050,
-        "two 500m pods and the device plugin"
-    );
+    assert_eq!(t4.allocated.cpu_milli, 1050, "two 500m pods and the device plugin");
 
     // HAMi: four physical A10Gs, the vGPU pod on the GPU HAMi recorded.
     let hami = node(&s, "ip-10-0-77-21.ec2.internal");
@@ -125,28 +98,16 @@ fn kubectl_list_of_a_gpu_cluster() {
     assert_eq!(cpu.allocated.memory_bytes, 1536 << 20);
 
     let bert = workload(&s, "ml-inference/bert-serving-6c8f9d7b54-x2lqp");
-    assert_eq!(
-        bert.gpu,
-        GpuDemand::Mig {
-            profile: "3g.20gb".into(),
-            count: 1
-        }
-    );
+    assert_eq!(bert.gpu, GpuDemand::Mig { profile: "3g.20gb".into(), count: 1 });
     assert_eq!(bert.priority, 100_000);
     assert_eq!(bert.owner, OwnerKind::ReplicaSet);
-    assert_eq!(
-        bert.eviction_blocked.as_deref(),
-        Some("karpenter.sh/do-not-disrupt=true")
-    );
+    assert_eq!(bert.eviction_blocked.as_deref(), Some("karpenter.sh/do-not-disrupt=true"));
     assert_eq!(bert.tolerations.len(), 3);
 
     let notebook = workload(&s, "ml-dev/notebook-alice-0");
     assert_eq!(
         notebook.gpu,
-        GpuDemand::Mig {
-            profile: "1g.5gb".into(),
-            count: 1
-        },
+        GpuDemand::Mig { profile: "1g.5gb".into(), count: 1 },
         "limits stand in for missing extended-resource requests"
     );
     assert_eq!(notebook.owner, OwnerKind::StatefulSet);
@@ -155,42 +116,21 @@ fn kubectl_list_of_a_gpu_cluster() {
     assert_eq!(whisper.gpu, GpuDemand::Whole { count: 1 });
 
     let vgpu = workload(&s, "research/vgpu-llm-eval-7f9c6b5d8-2wqsn");
-    assert_eq!(
-        vgpu.gpu,
-        GpuDemand::Fraction {
-            count: 1,
-            milli: 300,
-            memory_mib: 8000
-        }
-    );
+    assert_eq!(vgpu.gpu, GpuDemand::Fraction { count: 1, milli: 300, memory_mib: 8000 });
     assert_eq!(vgpu.tenant.as_deref(), Some("research-nlp"));
 
     let kai = workload(&s, "research/kai-embed-batch-x7k2p");
-    assert_eq!(
-        kai.gpu,
-        GpuDemand::Fraction {
-            count: 1,
-            milli: 500,
-            memory_mib: 0
-        }
-    );
+    assert_eq!(kai.gpu, GpuDemand::Fraction { count: 1, milli: 500, memory_mib: 0 });
     assert_eq!(kai.node_name, None);
     assert_eq!(kai.tenant.as_deref(), Some("research-batch"));
     assert_eq!(kai.owner, OwnerKind::Job);
 
-    let gang: Vec<&Workload> = s
-        .snapshot
-        .workloads
-        .iter()
-        .filter(|w| w.gang.as_deref() == Some("ml-train/resnet-ddp"))
-        .collect();
+    let gang: Vec<&Workload> =
+        s.snapshot.workloads.iter().filter(|w| w.gang.as_deref() == Some("ml-train/resnet-ddp")).collect();
     assert_eq!(gang.len(), 3);
     for w in &gang {
         assert_eq!(w.gang_min_members, Some(2), "from the PodGroup");
-        assert_eq!(
-            w.gang_topology_key.as_deref(),
-            Some("topology.kubernetes.io/zone")
-        );
+        assert_eq!(w.gang_topology_key.as_deref(), Some("topology.kubernetes.io/zone"));
         assert_eq!(w.owner, OwnerKind::Other("PyTorchJob".into()));
         assert!(w.node_name.is_none());
     }
@@ -214,14 +154,8 @@ fn kubectl_list_of_a_gpu_cluster() {
 fn yaml_folder_gives_the_same_snapshot() {
     let json = load("tests/data/snapshots/cluster.json");
     let yaml = load("tests/data/snapshots/yaml-folder");
-    assert_eq!(
-        serde_json::to_value(&yaml.snapshot).unwrap(),
-        serde_json::to_value(&json.snapshot).unwrap()
-    );
-    assert!(yaml
-        .warnings
-        .iter()
-        .any(|w| w.contains("zz-policy.yaml") && w.contains("kind Service")));
+    assert_eq!(serde_json::to_value(&yaml.snapshot).unwrap(), serde_json::to_value(&json.snapshot).unwrap());
+    assert!(yaml.warnings.iter().any(|w| w.contains("zz-policy.yaml") && w.contains("kind Service")));
 }
 
 fn load_err(rel: &str) -> SnapshotError {
@@ -269,13 +203,7 @@ fn bad_quantities_name_object_field_and_value() {
 
     let err = load_err("tests/data/snapshots/malformed/bad-quantity-pod.yaml");
     match &err {
-        SnapshotError::Quantity {
-            origin,
-            object,
-            field,
-            value,
-            ..
-        } => {
+        SnapshotError::Quantity { origin, object, field, value, .. } => {
             assert!(origin.ends_with("bad-quantity-pod.yaml"));
             assert_eq!(object, "Pod ml-train/resnet-ddp-worker-0");
             assert_eq!(field, "spec.containers[0].resources.requests.memory");
@@ -288,9 +216,7 @@ fn bad_quantities_name_object_field_and_value() {
 #[test]
 fn missing_paths_and_empty_folders() {
     let err = load_err("tests/data/snapshots/does-not-exist.json");
-    assert!(
-        matches!(&err, SnapshotError::Io { path, .. } if path.ends_with("does-not-exist.json"))
-    );
+    assert!(matches!(&err, SnapshotError::Io { path, .. } if path.ends_with("does-not-exist.json")));
     let dir = tempfile::tempdir().unwrap();
     let s = load_snapshot(dir.path()).unwrap();
     assert!(s.snapshot.nodes.is_empty());
@@ -320,11 +246,7 @@ fn single_object_and_multi_document_files() {
 fn example_snapshot_is_a_realistic_mixed_gpu_cluster() {
     let s = load("examples/snapshots/mixed-gpu-cluster.json");
     let groups = |g: &str| -> Vec<&Node> {
-        s.snapshot
-            .nodes
-            .iter()
-            .filter(|n| n.node_group.as_deref() == Some(g))
-            .collect()
+        s.snapshot.nodes.iter().filter(|n| n.node_group.as_deref() == Some(g)).collect()
     };
     for (group, instance_type, model) in [
         ("gpu-a100-mig", "p4d.24xlarge", Some("A100-40GB")),
@@ -338,23 +260,16 @@ fn example_snapshot_is_a_realistic_mixed_gpu_cluster() {
             assert_eq!(n.instance_type.as_deref(), Some(instance_type));
             assert_eq!(n.gpu_model.as_deref(), model);
             assert_eq!(n.state, NodeState::Ready);
-            assert!(matches!(
-                n.zone.as_deref(),
-                Some("us-east-1a" | "us-east-1b")
-            ));
+            assert!(matches!(n.zone.as_deref(), Some("us-east-1a" | "us-east-1b")));
         }
     }
-    assert!(groups("gpu-l4-ts").iter().all(|n| n.gpus.len() == 4
-        && n.gpus
-            .iter()
-            .all(|g| g.mode == GpuMode::TimeSliced { replicas: 4 })));
+    assert!(groups("gpu-l4-ts")
+        .iter()
+        .all(|n| n.gpus.len() == 4 && n.gpus.iter().all(|g| g.mode == GpuMode::TimeSliced { replicas: 4 })));
     assert!(groups("gpu-h100").iter().all(|n| n.gpus.len() == 8));
-    assert!(
-        groups("gpu-a100-mig")
-            .iter()
-            .all(|n| n.gpus.len() == 8
-                && n.gpus.iter().all(|g| matches!(g.mode, GpuMode::Mig { .. })))
-    );
+    assert!(groups("gpu-a100-mig")
+        .iter()
+        .all(|n| n.gpus.len() == 8 && n.gpus.iter().all(|g| matches!(g.mode, GpuMode::Mig { .. }))));
 
     let kinds = |pending: bool| -> Vec<&'static str> {
         let mut k: Vec<&'static str> = s
@@ -380,30 +295,13 @@ fn example_snapshot_is_a_realistic_mixed_gpu_cluster() {
     }
     // Running and pending pods on the time-sliced L4 group.
     let on_l4 = |w: &&Workload| {
-        w.node_selector
-            .get("eks.amazonaws.com/nodegroup")
-            .map(String::as_str)
-            == Some("gpu-l4-ts")
+        w.node_selector.get("eks.amazonaws.com/nodegroup").map(String::as_str) == Some("gpu-l4-ts")
     };
-    assert!(s
-        .snapshot
-        .workloads
-        .iter()
-        .filter(on_l4)
-        .any(|w| w.node_name.is_some()));
-    assert!(s
-        .snapshot
-        .workloads
-        .iter()
-        .filter(on_l4)
-        .any(|w| w.node_name.is_none()));
+    assert!(s.snapshot.workloads.iter().filter(on_l4).any(|w| w.node_name.is_some()));
+    assert!(s.snapshot.workloads.iter().filter(on_l4).any(|w| w.node_name.is_none()));
 
-    let gang: Vec<&Workload> = s
-        .snapshot
-        .workloads
-        .iter()
-        .filter(|w| w.gang.as_deref() == Some("ml-train/gpt-pretrain"))
-        .collect();
+    let gang: Vec<&Workload> =
+        s.snapshot.workloads.iter().filter(|w| w.gang.as_deref() == Some("ml-train/gpt-pretrain")).collect();
     assert_eq!(gang.len(), 4);
     assert!(gang.iter().all(|w| w.gang_min_members == Some(4)
         && w.gpu == GpuDemand::Whole { count: 8 }

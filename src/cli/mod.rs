@@ -1,5 +1,6 @@
 //! Command-line parsing and the subcommands' edges: files in, reports out.
 
+mod plan;
 mod plot;
 mod simulate;
 
@@ -28,6 +29,9 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print the scaling plan for a cluster snapshot (dry run: nothing is changed). With no
+    /// arguments, plans an embedded example cluster against a simulated cloud.
+    Plan(plan::PlanArgs),
     /// Replay a GPU trace through the placement scheduler (the FGD paper's workload-inflation
     /// experiment) and report how much of the cluster each policy allocates.
     Simulate(simulate::SimulateArgs),
@@ -47,6 +51,7 @@ pub fn init_logging(format: LogFormat) {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Plan(args) => plan::run(args),
         Command::Simulate(args) => simulate::run(args),
     }
 }

@@ -106,12 +106,7 @@ impl ObjCtx<'_> {
         }
     }
 
-    pub fn quantity(
-        &self,
-        field: impl Into<String>,
-        value: &str,
-        reason: QuantityError,
-    ) -> SnapshotError {
+    pub fn quantity(&self, field: impl Into<String>, value: &str, reason: QuantityError) -> SnapshotError {
         SnapshotError::Quantity {
             origin: self.origin.to_string(),
             object: self.object.clone(),

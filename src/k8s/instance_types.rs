@@ -64,9 +64,7 @@ pub fn instance_gpus(instance_type: &str) -> Option<(&'static str, u32)> {
         "Standard_ND96asr_v4" => Some(("A100-40GB", 8)),
         "Standard_ND96amsr_A100_v4" => Some(("A100-80GB", 8)),
         "Standard_ND96isr_H100_v5" => Some(("H100-80GB", 8)),
-        "Standard_NC4as_T4_v3" | "Standard_NC8as_T4_v3" | "Standard_NC16as_T4_v3" => {
-            Some(("T4", 1))
-        }
+        "Standard_NC4as_T4_v3" | "Standard_NC8as_T4_v3" | "Standard_NC16as_T4_v3" => Some(("T4", 1)),
         "Standard_NC64as_T4_v3" => Some(("T4", 4)),
         _ => None,
     }

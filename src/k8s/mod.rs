@@ -18,9 +18,7 @@ mod source;
 
 pub use error::SnapshotError;
 pub use instance_types::instance_gpus;
-pub use node::{
-    convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, NODE_GROUP_LABELS,
-};
+pub use node::{convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, NODE_GROUP_LABELS};
 pub use pod::{convert_pod, ConvertedPod, EffectiveRequests, HAMI_ALLOCATED};
 pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
 pub use source::{parse_text, read_path, SourcedObject};
@@ -96,18 +94,14 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
         match (api_version, kind) {
             ("v1", "Node") => nodes.push((obj, decode::<k8s_openapi::api::core::v1::Node>(obj)?)),
             ("v1", "Pod") => pods.push((obj, decode::<k8s_openapi::api::core::v1::Pod>(obj)?)),
-            ("policy/v1", "PodDisruptionBudget") => pdbs.push((
-                obj,
-                decode::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj)?,
-            )),
+            ("policy/v1", "PodDisruptionBudget") => {
+                pdbs.push((obj, decode::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj)?))
+            }
             (v, "PodGroup") if POD_GROUP_API_VERSIONS.contains(&v) => {
                 let (id, min) = convert_pod_group(&obj.value, &obj.origin)?;
                 pod_groups.insert(id, min);
             }
-            (_, "") => warnings.push(format!(
-                "{}: not a Kubernetes object (no kind); skipped",
-                obj.origin
-            )),
+            (_, "") => warnings.push(format!("{}: not a Kubernetes object (no kind); skipped", obj.origin)),
             (v, k) => warnings.push(format!(
                 "{}: {}: kind {k} ({v}) is not used; skipped",
                 obj.origin,
@@ -148,16 +142,19 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
         converted.push(p);
     }
 
+    // Nodes are returned with their capacity only; running pods carry the devices they hold.
+    // The allocation below is a scratch copy that lets each pod's device choice see the pods
+    // before it.
+    let fresh_nodes: Vec<Node> = extras.iter().map(|c| c.node.clone()).collect();
     for mut p in converted {
-        let bound = p
-            .workload
-            .node_name
-            .as_ref()
-            .and_then(|n| by_name.get(n).copied());
+        let bound = p.workload.node_name.as_ref().and_then(|n| by_name.get(n).copied());
         resolve_memory_percentage(&mut p, bound.map(|i| &extras[i].node), &mut warnings);
         match (&p.workload.node_name, bound) {
             (Some(_), Some(i)) => match bound_devices(&extras[i], &p) {
-                Ok(devices) => extras[i].node.allocate(&p.workload.requests, &devices),
+                Ok(devices) => {
+                    extras[i].node.allocate(&p.workload.requests, &devices);
+                    p.workload.devices = Some(devices);
+                }
                 Err(reason) => {
                     warnings.push(format!(
                         "Pod {} on Node {}: {reason}; its GPU use is not recorded",
@@ -167,15 +164,13 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
                     node.allocate(&p.workload.requests, &DeviceAssignment::None);
                 }
             },
-            (Some(n), None) => warnings.push(format!(
-                "Pod {} is bound to Node {n}, which is not in the snapshot",
-                p.workload.id
-            )),
+            (Some(n), None) => warnings
+                .push(format!("Pod {} is bound to Node {n}, which is not in the snapshot", p.workload.id)),
             (None, _) => {}
         }
         snapshot.workloads.push(p.workload);
     }
-    snapshot.nodes = extras.into_iter().map(|c| c.node).collect();
+    snapshot.nodes = fresh_nodes;
 
     for (obj, k) in &pdbs {
         if let Some(b) = convert_pdb(k, &obj.origin, &mut warnings)? {
@@ -187,18 +182,11 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
 
 /// HAMi `gpumem-percentage` becomes MiB on the node's GPU when the pod is bound. A pending pod
 /// has no GPU yet, so its memory share is kept as a compute share (the same fraction of a GPU).
-fn resolve_memory_percentage(
-    p: &mut ConvertedPod,
-    node: Option<&Node>,
-    warnings: &mut Vec<String>,
-) {
+fn resolve_memory_percentage(p: &mut ConvertedPod, node: Option<&Node>, warnings: &mut Vec<String>) {
     let Some(pct) = p.gpumem_percentage else {
         return;
     };
-    let GpuDemand::Fraction {
-        milli, memory_mib, ..
-    } = &mut p.workload.gpu
-    else {
+    let GpuDemand::Fraction { milli, memory_mib, .. } = &mut p.workload.gpu else {
         return;
     };
     match node.and_then(|n| n.gpus.first()).map(|g| g.memory_mib) {
@@ -218,10 +206,7 @@ fn resolve_memory_percentage(
 /// that hold the request, the way the device plugin hands them out.
 fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssignment, String> {
     let n = &node.node;
-    let time_sliced = n
-        .gpus
-        .iter()
-        .any(|d| matches!(d.mode, GpuMode::TimeSliced { .. }));
+    let time_sliced = n.gpus.iter().any(|d| matches!(d.mode, GpuMode::TimeSliced { .. }));
     let mig_instances = |profile: &str, count: u32| {
         let mut out = Vec::new();
         for d in &n.gpus {
@@ -236,10 +221,7 @@ fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssig
         if out.len() == count as usize {
             Ok(DeviceAssignment::Mig { instances: out })
         } else {
-            Err(format!(
-                "{count}x MIG {profile} requested, {} free",
-                out.len()
-            ))
+            Err(format!("{count}x MIG {profile} requested, {} free", out.len()))
         }
     };
     let replicas = |count: u32| {
@@ -247,17 +229,13 @@ fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssig
             .gpus
             .iter()
             .filter_map(|d| match d.mode {
-                GpuMode::TimeSliced { replicas } => {
-                    Some((replicas.saturating_sub(d.used_replicas), d.index))
-                }
+                GpuMode::TimeSliced { replicas } => Some((replicas.saturating_sub(d.used_replicas), d.index)),
                 _ => None,
             })
             .collect();
         let total: u32 = free.iter().map(|(f, _)| f).sum();
         if total < count {
-            return Err(format!(
-                "{count} time-sliced replicas requested, {total} free"
-            ));
+            return Err(format!("{count} time-sliced replicas requested, {total} free"));
         }
         let mut gpus = Vec::new();
         while gpus.len() < count as usize {
@@ -292,11 +270,7 @@ fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssig
         }
         GpuDemand::Shared { count } => replicas(*count),
         GpuDemand::Mig { profile, count } => mig_instances(profile, *count),
-        GpuDemand::Fraction {
-            count,
-            milli,
-            memory_mib,
-        } => {
+        GpuDemand::Fraction { count, milli, memory_mib } => {
             let by_uuid: Vec<u8> = pod
                 .gpu_uuids
                 .iter()
@@ -306,31 +280,17 @@ fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssig
             let mut gpus: Vec<u8> = if by_uuid.len() == *count as usize {
                 by_uuid
             } else {
-                let mut fitting: Vec<&crate::model::GpuDevice> = n
-                    .gpus
-                    .iter()
-                    .filter(|d| d.fits_fraction(*milli, *memory_mib))
-                    .collect();
+                let mut fitting: Vec<&crate::model::GpuDevice> =
+                    n.gpus.iter().filter(|d| d.fits_fraction(*milli, *memory_mib)).collect();
                 // The fullest GPUs first, as HAMi's binpack and KAI's default policy do.
                 fitting.sort_by_key(|d| (GPU_MILLI - d.used_milli.min(GPU_MILLI), d.index));
-                fitting
-                    .iter()
-                    .take(*count as usize)
-                    .map(|d| d.index)
-                    .collect()
+                fitting.iter().take(*count as usize).map(|d| d.index).collect()
             };
             if gpus.len() < *count as usize {
-                return Err(format!(
-                    "{} does not fit the node's GPUs",
-                    pod.workload.gpu.describe()
-                ));
+                return Err(format!("{} does not fit the node's GPUs", pod.workload.gpu.describe()));
             }
             gpus.sort_unstable();
-            Ok(DeviceAssignment::Fraction {
-                gpus,
-                milli: *milli,
-                memory_mib: *memory_mib,
-            })
+            Ok(DeviceAssignment::Fraction { gpus, milli: *milli, memory_mib: *memory_mib })
         }
     }
 }

@@ -6,8 +6,7 @@ use super::instance_types::instance_gpus;
 use super::quantity;
 use crate::model::mig::{MigGeometry, MigPlacement, MigProfile};
 use crate::model::{
-    GpuCatalog, GpuDevice, GpuMode, GpuTopology, MigInstance, Node, NodeState, Resources, Taint,
-    TaintEffect,
+    GpuCatalog, GpuDevice, GpuMode, GpuTopology, MigInstance, Node, NodeState, Resources, Taint, TaintEffect,
 };
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -76,10 +75,7 @@ pub fn parse_hami_register(value: &str) -> Result<Vec<HamiDevice>, String> {
                     cores: n("devcore").unwrap_or(100) as u32,
                     model: s("type").unwrap_or_default(),
                     numa: n("numa").unwrap_or(0) as u8,
-                    healthy: d
-                        .get("health")
-                        .and_then(serde_json::Value::as_bool)
-                        .unwrap_or(true),
+                    healthy: d.get("health").and_then(serde_json::Value::as_bool).unwrap_or(true),
                 })
             })
             .collect();
@@ -96,8 +92,7 @@ pub fn parse_hami_register(value: &str) -> Result<Vec<HamiDevice>, String> {
                 ));
             }
             let num = |i: usize, what: &str| {
-                f[i].parse::<u64>()
-                    .map_err(|_| format!("device {}: {what} {:?} is not a number", f[0], f[i]))
+                f[i].parse::<u64>().map_err(|_| format!("device {}: {what} {:?} is not a number", f[0], f[i]))
             };
             Ok(HamiDevice {
                 uuid: f[0].to_string(),
@@ -127,9 +122,7 @@ impl Allocatable<'_> {
     ) -> Result<u64, SnapshotError> {
         match self.map.get(key) {
             None => Ok(0),
-            Some(q) => {
-                parse(&q.0).map_err(|e| self.ctx.quantity(format!("{}.{key}", self.field), &q.0, e))
-            }
+            Some(q) => parse(&q.0).map_err(|e| self.ctx.quantity(format!("{}.{key}", self.field), &q.0, e)),
         }
     }
 
@@ -154,11 +147,7 @@ fn label_num<T: std::str::FromStr>(
         .get(key)
         .map(|v| {
             v.trim().parse::<T>().map_err(|_| {
-                ctx.invalid(
-                    format!("metadata.labels[{key}]"),
-                    v,
-                    "expected a non-negative integer",
-                )
+                ctx.invalid(format!("metadata.labels[{key}]"), v, "expected a non-negative integer")
             })
         })
         .transpose()
@@ -173,10 +162,7 @@ pub fn convert_node(
 ) -> Result<ConvertedNode, SnapshotError> {
     let meta = &k.metadata;
     let name = meta.name.clone().unwrap_or_default();
-    let ctx = ObjCtx {
-        origin,
-        object: format!("Node {name}"),
-    };
+    let ctx = ObjCtx { origin, object: format!("Node {name}") };
     if name.is_empty() {
         return Err(ctx.invalid("metadata.name", "", "a node needs a name"));
     }
@@ -196,11 +182,7 @@ pub fn convert_node(
             (&empty, "status.allocatable")
         }
     };
-    let alloc = Allocatable {
-        map,
-        field,
-        ctx: &ctx,
-    };
+    let alloc = Allocatable { map, field, ctx: &ctx };
     let allocatable = Resources {
         cpu_milli: alloc.get("cpu", quantity::milli)?,
         memory_bytes: alloc.get("memory", quantity::units)?,
@@ -224,57 +206,29 @@ pub fn convert_node(
                     ))
                 }
             };
-            Ok(Taint {
-                key: t.key.clone(),
-                value: t.value.clone().unwrap_or_default(),
-                effect,
-            })
+            Ok(Taint { key: t.key.clone(), value: t.value.clone().unwrap_or_default(), effect })
         })
         .collect::<Result<Vec<_>, _>>()?;
 
-    let first_label = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| labels.get(*k).filter(|v| !v.is_empty()).cloned())
-    };
-    let zone = first_label(&[
-        "topology.kubernetes.io/zone",
-        "failure-domain.beta.kubernetes.io/zone",
-    ]);
-    let instance_type = first_label(&[
-        "node.kubernetes.io/instance-type",
-        "beta.kubernetes.io/instance-type",
-    ]);
+    let first_label =
+        |keys: &[&str]| keys.iter().find_map(|k| labels.get(*k).filter(|v| !v.is_empty()).cloned());
+    let zone = first_label(&["topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone"]);
+    let instance_type =
+        first_label(&["node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"]);
     let node_group = first_label(NODE_GROUP_LABELS);
 
-    let gpus = node_gpus(
-        &ctx,
-        &labels,
-        &annotations,
-        &alloc,
-        instance_type.as_deref(),
-        warnings,
-    )?;
-    let nvlink = gpus
-        .model
-        .as_deref()
-        .and_then(|m| GpuCatalog.resolve(m))
-        .is_some_and(|m| m.nvlink);
+    let gpus = node_gpus(&ctx, &labels, &annotations, &alloc, instance_type.as_deref(), warnings)?;
+    let nvlink = gpus.model.as_deref().and_then(|m| GpuCatalog.resolve(m)).is_some_and(|m| m.nvlink);
     let mut topology = GpuTopology::uniform(gpus.devices.len(), nvlink);
     topology.clique = labels.get("nvidia.com/gpu.clique").cloned();
     if !gpus.numa.is_empty() && gpus.numa.iter().any(|&n| n != 0) {
         topology.numa = gpus.numa.clone();
     }
 
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .is_some_and(|c| c.status == "True");
+    let ready =
+        status.conditions.iter().flatten().find(|c| c.type_ == "Ready").is_some_and(|c| c.status == "True");
     let mig_reconfiguring = matches!(
-        labels
-            .get("nvidia.com/mig.config.state")
-            .map(String::as_str),
+        labels.get("nvidia.com/mig.config.state").map(String::as_str),
         Some("pending" | "rebooting")
     );
     let deleting = meta.deletion_timestamp.is_some()
@@ -289,11 +243,7 @@ pub fn convert_node(
     } else {
         NodeState::Ready
     };
-    let is_true = |key: &str| {
-        annotations
-            .get(key)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-    };
+    let is_true = |key: &str| annotations.get(key).is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let scale_down_disabled = is_true("cluster-autoscaler.kubernetes.io/scale-down-disabled")
         || is_true("karpenter.sh/do-not-disrupt");
 
@@ -343,10 +293,8 @@ fn node_gpus(
     let replicas: u32 = label_num(ctx, labels, "nvidia.com/gpu.replicas")?.unwrap_or(1);
     let label_count: Option<u32> = label_num(ctx, labels, "nvidia.com/gpu.count")?;
     let label_memory: Option<u64> = label_num(ctx, labels, "nvidia.com/gpu.memory")?;
-    let karpenter_count: Option<u32> =
-        label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-count")?;
-    let karpenter_memory: Option<u64> =
-        label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-memory")?;
+    let karpenter_count: Option<u32> = label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-count")?;
+    let karpenter_memory: Option<u64> = label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-memory")?;
     let from_instance = instance_type.and_then(instance_gpus);
     let hami = annotations
         .get(HAMI_REGISTER)
@@ -361,48 +309,35 @@ fn node_gpus(
         .clone()
         .or_else(|| labels.get("cloud.google.com/gke-accelerator").cloned())
         .or_else(|| labels.get("karpenter.k8s.aws/instance-gpu-name").cloned())
-        .or_else(|| {
-            hami.as_ref()
-                .and_then(|d| d.first())
-                .map(|d| d.model.clone())
-        })
+        .or_else(|| hami.as_ref().and_then(|d| d.first()).map(|d| d.model.clone()))
         .or_else(|| from_instance.map(|(m, _)| m.to_string()));
-    let product = raw_product
-        .as_deref()
-        .map(|p| p.strip_suffix("-SHARED").unwrap_or(p));
+    let product = raw_product.as_deref().map(|p| p.strip_suffix("-SHARED").unwrap_or(p));
     let spec = product.and_then(|p| GpuCatalog.resolve(p));
     let model = match (spec, product) {
         (Some(s), _) => Some(s.name.to_string()),
         (None, Some(p)) => {
-            warnings.push(ctx.warning(format!(
-                "GPU product {p:?} is not in the GPU catalog; keeping the raw name"
-            )));
+            warnings.push(
+                ctx.warning(format!("GPU product {p:?} is not in the GPU catalog; keeping the raw name")),
+            );
             Some(p.to_string())
         }
         (None, None) => None,
     };
     let geometry = spec.and_then(|s| s.mig);
     let mig_single = labels.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single");
-    let single_profile = product_label
-        .as_deref()
-        .and_then(|p| p.split_once("-MIG-"))
-        .map(|(_, profile)| profile.to_string());
+    let single_profile =
+        product_label.as_deref().and_then(|p| p.split_once("-MIG-")).map(|(_, profile)| profile.to_string());
     // In the single strategy GFD reports MIG devices as the GPUs (count and memory of the
     // instances), so physical numbers come from the catalog and the instance type instead.
     let physical_count = if mig_single && single_profile.is_some() {
         from_instance.map(|(_, n)| n).or(karpenter_count)
     } else {
-        label_count
-            .or(karpenter_count)
-            .or(from_instance.map(|(_, n)| n))
+        label_count.or(karpenter_count).or(from_instance.map(|(_, n)| n))
     };
     let memory_mib = if mig_single && single_profile.is_some() {
         spec.map(|s| s.memory_mib).or(karpenter_memory).unwrap_or(0)
     } else {
-        label_memory
-            .or(karpenter_memory)
-            .or(spec.map(|s| s.memory_mib))
-            .unwrap_or(0)
+        label_memory.or(karpenter_memory).or(spec.map(|s| s.memory_mib)).unwrap_or(0)
     };
 
     let whole = alloc.count("nvidia.com/gpu")?;
@@ -414,34 +349,23 @@ fn node_gpus(
             if n > 0 {
                 mig.push((profile.to_string(), n));
             }
-        } else if key.starts_with("nvidia.com/")
-            && key != "nvidia.com/gpu"
-            && key != "nvidia.com/gpu.shared"
+        } else if key.starts_with("nvidia.com/") && key != "nvidia.com/gpu" && key != "nvidia.com/gpu.shared"
         {
             warnings.push(ctx.warning(format!("ignoring unknown GPU resource {key}")));
         }
     }
 
-    let mut out = NodeGpus {
-        model,
-        ..Default::default()
-    };
-    let standard = |n: u32| {
-        (0..n)
-            .map(|i| GpuDevice::standard(i as u8, memory_mib))
-            .collect()
-    };
+    let mut out = NodeGpus { model, ..Default::default() };
+    let standard = |n: u32| (0..n).map(|i| GpuDevice::standard(i as u8, memory_mib)).collect();
 
     if let Some(devices) = hami {
         // HAMi shares each GPU by memory and cores: physical devices in Standard mode.
         for d in devices {
             if !d.healthy {
-                warnings
-                    .push(ctx.warning(format!("HAMi reports GPU {} unhealthy; skipped", d.uuid)));
+                warnings.push(ctx.warning(format!("HAMi reports GPU {} unhealthy; skipped", d.uuid)));
                 continue;
             }
-            out.devices
-                .push(GpuDevice::standard(out.devices.len() as u8, d.memory_mib));
+            out.devices.push(GpuDevice::standard(out.devices.len() as u8, d.memory_mib));
             out.numa.push(d.numa);
             out.uuids.push(d.uuid);
         }
@@ -451,18 +375,16 @@ fn node_gpus(
     if mig_single && whole > 0 {
         if let Some(profile_name) = single_profile {
             let field = format!("{}.nvidia.com/gpu", alloc.field);
-            let (geometry, profile) =
-                mig_profile(ctx, geometry, &out.model, &profile_name, &field)?;
+            let (geometry, profile) = mig_profile(ctx, geometry, &out.model, &profile_name, &field)?;
             let per_gpu = max_per_gpu(geometry, profile).max(1);
             let n = physical_count.unwrap_or(whole.div_ceil(per_gpu));
-            let layouts =
-                layout_mig(geometry, &[(profile, whole)], Some(n as usize)).ok_or_else(|| {
-                    ctx.invalid(
-                        field,
-                        whole.to_string(),
-                        format!("{whole} MIG {profile_name} instances do not fit on {n} GPUs"),
-                    )
-                })?;
+            let layouts = layout_mig(geometry, &[(profile, whole)], Some(n as usize)).ok_or_else(|| {
+                ctx.invalid(
+                    field,
+                    whole.to_string(),
+                    format!("{whole} MIG {profile_name} instances do not fit on {n} GPUs"),
+                )
+            })?;
             out.devices = mig_devices(layouts, memory_mib, 0);
             out.mig_single_profile = Some(profile_name);
             return Ok(out);
@@ -478,21 +400,15 @@ fn node_gpus(
         }
         let geometry = geometry.expect("mig_profile checked the geometry");
         // GPUs with MIG disabled still advertise nvidia.com/gpu in the mixed strategy.
-        let mig_gpus = physical_count
-            .map(|n| n.saturating_sub(whole))
-            .filter(|&n| n > 0);
-        let layouts =
-            layout_mig(geometry, &requests, mig_gpus.map(|n| n as usize)).ok_or_else(|| {
-                let listed: Vec<String> = mig.iter().map(|(p, n)| format!("{n}x {p}")).collect();
-                ctx.invalid(
-                    format!("{}.nvidia.com/mig-*", alloc.field),
-                    listed.join(", "),
-                    format!(
-                        "the MIG instances do not fit on {} GPUs",
-                        mig_gpus.unwrap_or_default()
-                    ),
-                )
-            })?;
+        let mig_gpus = physical_count.map(|n| n.saturating_sub(whole)).filter(|&n| n > 0);
+        let layouts = layout_mig(geometry, &requests, mig_gpus.map(|n| n as usize)).ok_or_else(|| {
+            let listed: Vec<String> = mig.iter().map(|(p, n)| format!("{n}x {p}")).collect();
+            ctx.invalid(
+                format!("{}.nvidia.com/mig-*", alloc.field),
+                listed.join(", "),
+                format!("the MIG instances do not fit on {} GPUs", mig_gpus.unwrap_or_default()),
+            )
+        })?;
         let mut devices: Vec<GpuDevice> = standard(whole);
         devices.extend(mig_devices(layouts, memory_mib, whole));
         out.devices = devices;
@@ -527,9 +443,7 @@ fn node_gpus(
         })?;
         out.devices = (0..n)
             .map(|i| GpuDevice {
-                mode: GpuMode::TimeSliced {
-                    replicas: shared / n,
-                },
+                mode: GpuMode::TimeSliced { replicas: shared / n },
                 ..GpuDevice::standard(i as u8, memory_mib)
             })
             .collect();
@@ -551,11 +465,7 @@ fn node_gpus(
         let n = physical_count.unwrap_or(0);
         out.devices = (0..n)
             .map(|i| GpuDevice {
-                mode: if replicas > 1 {
-                    GpuMode::TimeSliced { replicas }
-                } else {
-                    GpuMode::Standard
-                },
+                mode: if replicas > 1 { GpuMode::TimeSliced { replicas } } else { GpuMode::Standard },
                 ..GpuDevice::standard(i as u8, memory_mib)
             })
             .collect();
@@ -578,22 +488,14 @@ fn mig_profile<'g>(
     field: &str,
 ) -> Result<(&'g MigGeometry, &'g MigProfile), SnapshotError> {
     let model = model.as_deref().unwrap_or("unknown");
-    let geometry = geometry.ok_or_else(|| {
-        ctx.invalid(
-            field,
-            profile,
-            format!("GPU model {model} has no known MIG geometry"),
-        )
-    })?;
+    let geometry = geometry
+        .ok_or_else(|| ctx.invalid(field, profile, format!("GPU model {model} has no known MIG geometry")))?;
     let p = geometry.profile(profile).ok_or_else(|| {
         let known: Vec<&str> = geometry.profiles.iter().map(|p| p.name).collect();
         ctx.invalid(
             field,
             profile,
-            format!(
-                "MIG profile {profile} does not exist on {model} (known: {})",
-                known.join(", ")
-            ),
+            format!("MIG profile {profile} does not exist on {model} (known: {})", known.join(", ")),
         )
     })?;
     Ok((geometry, p))
@@ -603,20 +505,13 @@ fn mig_profile<'g>(
 fn max_per_gpu(geometry: &MigGeometry, profile: &MigProfile) -> u32 {
     let mut layout = Vec::new();
     while let Some(start) = geometry.best_start(&layout, profile) {
-        layout.push(MigPlacement {
-            profile: profile.name.to_string(),
-            start,
-        });
+        layout.push(MigPlacement { profile: profile.name.to_string(), start });
     }
     layout.len() as u32
 }
 
 /// Turns per-GPU MIG layouts into devices, indexed from `first_index`.
-fn mig_devices(
-    layouts: Vec<Vec<MigPlacement>>,
-    memory_mib: u64,
-    first_index: u32,
-) -> Vec<GpuDevice> {
+fn mig_devices(layouts: Vec<Vec<MigPlacement>>, memory_mib: u64, first_index: u32) -> Vec<GpuDevice> {
     layouts
         .into_iter()
         .enumerate()
@@ -626,10 +521,7 @@ fn mig_devices(
                 mode: GpuMode::Mig {
                     instances: layout
                         .into_iter()
-                        .map(|placement| MigInstance {
-                            placement,
-                            used: false,
-                        })
+                        .map(|placement| MigInstance { placement, used: false })
                         .collect(),
                     dynamic: false,
                 },
@@ -647,22 +539,13 @@ pub fn layout_mig(
     requests: &[(&MigProfile, u32)],
     gpus: Option<usize>,
 ) -> Option<Vec<Vec<MigPlacement>>> {
-    let mut instances: Vec<&MigProfile> = requests
-        .iter()
-        .flat_map(|(p, n)| std::iter::repeat_n(*p, *n as usize))
-        .collect();
+    let mut instances: Vec<&MigProfile> =
+        requests.iter().flat_map(|(p, n)| std::iter::repeat_n(*p, *n as usize)).collect();
     instances.sort_by(|a, b| {
-        (b.memory_slices, b.compute_slices, a.name).cmp(&(
-            a.memory_slices,
-            a.compute_slices,
-            b.name,
-        ))
+        (b.memory_slices, b.compute_slices, a.name).cmp(&(a.memory_slices, a.compute_slices, b.name))
     });
-    let try_with = |n: usize| {
-        [true, false]
-            .into_iter()
-            .find_map(|spread| place_all(geometry, &instances, n, spread))
-    };
+    let try_with =
+        |n: usize| [true, false].into_iter().find_map(|spread| place_all(geometry, &instances, n, spread));
     match gpus {
         Some(n) => try_with(n),
         None => {
@@ -707,10 +590,7 @@ fn place_all(
             }
         }
         let (g, start, _) = best?;
-        layouts[g].push(MigPlacement {
-            profile: profile.name.to_string(),
-            start,
-        });
+        layouts[g].push(MigPlacement { profile: profile.name.to_string(), start });
     }
     debug_assert!(layouts.iter().all(|l| geometry.validate(l).is_ok()));
     Some(layouts)

@@ -4,8 +4,8 @@
 use super::error::{ObjCtx, SnapshotError};
 use super::quantity;
 use crate::model::{
-    GpuCatalog, GpuDemand, NodeSelectorRequirement, OwnerKind, Resources, SelectorOperator,
-    TaintEffect, Toleration, TolerationOperator, Workload,
+    GpuCatalog, GpuDemand, NodeSelectorRequirement, OwnerKind, Resources, SelectorOperator, TaintEffect,
+    Toleration, TolerationOperator, Workload,
 };
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -40,12 +40,7 @@ fn is_extended(name: &str) -> bool {
     name.contains('/') && !name.starts_with("kubernetes.io/") && !name.contains(".kubernetes.io/")
 }
 
-fn parse_resource(
-    ctx: &ObjCtx<'_>,
-    field: &str,
-    name: &str,
-    q: &K8sQuantity,
-) -> Result<u64, SnapshotError> {
+fn parse_resource(ctx: &ObjCtx<'_>, field: &str, name: &str, q: &K8sQuantity) -> Result<u64, SnapshotError> {
     let parsed = if name == "cpu" {
         quantity::milli(&q.0)
     } else if is_extended(name) {
@@ -140,10 +135,7 @@ pub(crate) fn effective_requests(
         *sum.entry(name.clone()).or_default() += v;
         fields.entry(name.clone()).or_insert(field);
     }
-    Ok(EffectiveRequests {
-        amounts: sum,
-        fields,
-    })
+    Ok(EffectiveRequests { amounts: sum, fields })
 }
 
 /// Translates GPU resources and KAI annotations into one [`GpuDemand`]. Mixed or contradictory
@@ -153,13 +145,8 @@ pub(crate) fn gpu_demand(
     requests: &EffectiveRequests,
     annotations: &BTreeMap<String, String>,
 ) -> Result<(GpuDemand, Option<u32>), SnapshotError> {
-    let field = |k: &str| {
-        requests
-            .fields
-            .get(k)
-            .cloned()
-            .unwrap_or_else(|| format!("resources.requests.{k}"))
-    };
+    let field =
+        |k: &str| requests.fields.get(k).cloned().unwrap_or_else(|| format!("resources.requests.{k}"));
     let mut whole = 0u64;
     let mut shared = 0u64;
     let mut mig: Vec<(String, u64)> = Vec::new();
@@ -178,24 +165,14 @@ pub(crate) fn gpu_demand(
                 hami.insert(rest, v);
             }
             _ if rest.starts_with("mig-") => mig.push((rest["mig-".len()..].to_string(), v)),
-            _ => {
-                return Err(ctx.invalid(
-                    field(name),
-                    v.to_string(),
-                    format!("unknown GPU resource {name}"),
-                ))
-            }
+            _ => return Err(ctx.invalid(field(name), v.to_string(), format!("unknown GPU resource {name}"))),
         }
     }
     let kai_keys = ["gpu-fraction", "gpu-memory", "gpu-fraction-num-devices"];
-    let kai: BTreeMap<&str, &String> = kai_keys
-        .iter()
-        .filter_map(|k| annotations.get(*k).map(|v| (*k, v)))
-        .collect();
+    let kai: BTreeMap<&str, &String> =
+        kai_keys.iter().filter_map(|k| annotations.get(*k).map(|v| (*k, v))).collect();
     let ann = |k: &str| format!("metadata.annotations[{k}]");
-    let u32_of = |f: String, v: u64| {
-        u32::try_from(v).map_err(|_| ctx.invalid(f, v.to_string(), "too large"))
-    };
+    let u32_of = |f: String, v: u64| u32::try_from(v).map_err(|_| ctx.invalid(f, v.to_string(), "too large"));
 
     let mut kinds = Vec::new();
     if whole > 0 && hami.is_empty() {
@@ -208,10 +185,7 @@ pub(crate) fn gpu_demand(
         kinds.push(field(&format!("nvidia.com/mig-{p}")));
     }
     if !hami.is_empty() {
-        kinds.push(field(&format!(
-            "nvidia.com/{}",
-            hami.keys().next().copied().unwrap_or("gpumem")
-        )));
+        kinds.push(field(&format!("nvidia.com/{}", hami.keys().next().copied().unwrap_or("gpumem"))));
     }
     if !kai.is_empty() {
         kinds.push(ann(kai.keys().next().copied().unwrap_or("gpu-fraction")));
@@ -220,10 +194,7 @@ pub(crate) fn gpu_demand(
         return Err(ctx.invalid(
             kinds[1].clone(),
             kinds.join(" + "),
-            format!(
-                "mixed GPU requests: {} together with {}",
-                kinds[1], kinds[0]
-            ),
+            format!("mixed GPU requests: {} together with {}", kinds[1], kinds[0]),
         ));
     }
 
@@ -267,18 +238,9 @@ pub(crate) fn gpu_demand(
     if !kai.is_empty() {
         let count = match kai.get("gpu-fraction-num-devices") {
             None => 1,
-            Some(v) => v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| {
-                    ctx.invalid(
-                        ann("gpu-fraction-num-devices"),
-                        v.as_str(),
-                        "expected a positive integer",
-                    )
-                })?,
+            Some(v) => v.trim().parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                ctx.invalid(ann("gpu-fraction-num-devices"), v.as_str(), "expected a positive integer")
+            })?,
         };
         return match (kai.get("gpu-fraction"), kai.get("gpu-memory")) {
             (Some(_), Some(m)) => Err(ctx.invalid(
@@ -292,42 +254,15 @@ pub(crate) fn gpu_demand(
                     .ok()
                     .filter(|m| (1..=1000).contains(m))
                     .ok_or_else(|| {
-                        ctx.invalid(
-                            ann("gpu-fraction"),
-                            f.as_str(),
-                            "expected a fraction in (0, 1]",
-                        )
+                        ctx.invalid(ann("gpu-fraction"), f.as_str(), "expected a fraction in (0, 1]")
                     })?;
-                Ok((
-                    GpuDemand::Fraction {
-                        count,
-                        milli: milli as u32,
-                        memory_mib: 0,
-                    },
-                    None,
-                ))
+                Ok((GpuDemand::Fraction { count, milli: milli as u32, memory_mib: 0 }, None))
             }
             (None, Some(m)) => {
-                let mib = m
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&v| v > 0)
-                    .ok_or_else(|| {
-                        ctx.invalid(
-                            ann("gpu-memory"),
-                            m.as_str(),
-                            "expected a positive number of MiB",
-                        )
-                    })?;
-                Ok((
-                    GpuDemand::Fraction {
-                        count,
-                        milli: 0,
-                        memory_mib: mib,
-                    },
-                    None,
-                ))
+                let mib = m.trim().parse::<u64>().ok().filter(|&v| v > 0).ok_or_else(|| {
+                    ctx.invalid(ann("gpu-memory"), m.as_str(), "expected a positive number of MiB")
+                })?;
+                Ok((GpuDemand::Fraction { count, milli: 0, memory_mib: mib }, None))
             }
             (None, None) => Err(ctx.invalid(
                 ann("gpu-fraction-num-devices"),
@@ -337,30 +272,19 @@ pub(crate) fn gpu_demand(
         };
     }
     let demand = if whole > 0 {
-        GpuDemand::Whole {
-            count: u32_of(field("nvidia.com/gpu"), whole)?,
-        }
+        GpuDemand::Whole { count: u32_of(field("nvidia.com/gpu"), whole)? }
     } else if shared > 0 {
-        GpuDemand::Shared {
-            count: u32_of(field("nvidia.com/gpu.shared"), shared)?,
-        }
+        GpuDemand::Shared { count: u32_of(field("nvidia.com/gpu.shared"), shared)? }
     } else if let Some((profile, n)) = mig.into_iter().next() {
         let f = field(&format!("nvidia.com/mig-{profile}"));
-        GpuDemand::Mig {
-            count: u32_of(f, n)?,
-            profile,
-        }
+        GpuDemand::Mig { count: u32_of(f, n)?, profile }
     } else {
         GpuDemand::None
     };
     Ok((demand, None))
 }
 
-fn selector_operator(
-    ctx: &ObjCtx<'_>,
-    field: &str,
-    op: &str,
-) -> Result<SelectorOperator, SnapshotError> {
+fn selector_operator(ctx: &ObjCtx<'_>, field: &str, op: &str) -> Result<SelectorOperator, SnapshotError> {
     Ok(match op {
         "In" => SelectorOperator::In,
         "NotIn" => SelectorOperator::NotIn,
@@ -381,10 +305,7 @@ fn affinity_terms(
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
     else {
         return Ok(Vec::new());
     };
@@ -418,9 +339,8 @@ fn affinity_terms(
         }
         if reqs.is_empty() {
             // An empty term matches no node in Kubernetes; dropping it keeps the other terms.
-            warnings.push(ctx.warning(format!(
-                "node affinity term {t} is empty and matches no node; ignored"
-            )));
+            warnings
+                .push(ctx.warning(format!("node affinity term {t} is empty and matches no node; ignored")));
             continue;
         }
         terms.push(reqs);
@@ -470,10 +390,7 @@ fn tolerations(ctx: &ObjCtx<'_>, spec: &k8s::PodSpec) -> Result<Vec<Toleration>,
 
 fn owner_kind(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> OwnerKind {
     let refs = meta.owner_references.as_deref().unwrap_or_default();
-    let owner = refs
-        .iter()
-        .find(|r| r.controller == Some(true))
-        .or_else(|| refs.first());
+    let owner = refs.iter().find(|r| r.controller == Some(true)).or_else(|| refs.first());
     match owner.map(|r| r.kind.as_str()) {
         None => OwnerKind::None,
         Some("ReplicaSet") => OwnerKind::ReplicaSet,
@@ -501,17 +418,13 @@ fn gang_of(
         let index = labels
             .get("leaderworkerset.sigs.k8s.io/group-index")
             .map_or_else(String::new, |i| format!("-{i}"));
-        let size = annotations
-            .get("leaderworkerset.sigs.k8s.io/size")
-            .and_then(|s| s.parse().ok());
+        let size = annotations.get("leaderworkerset.sigs.k8s.io/size").and_then(|s| s.parse().ok());
         return Some((format!("{name}{index}"), size));
     }
     if let Some(name) = labels.get("jobset.sigs.k8s.io/jobset-name") {
         return Some((name.clone(), None));
     }
-    labels
-        .get("training.kubeflow.org/job-name")
-        .map(|name| (name.clone(), None))
+    labels.get("training.kubeflow.org/job-name").map(|name| (name.clone(), None))
 }
 
 /// GPU models accepted through HAMi's `nvidia.com/use-gputype` (substring match, as HAMi does).
@@ -521,9 +434,7 @@ fn use_gpu_types(value: &str) -> Vec<String> {
         let t = token.to_ascii_uppercase();
         for m in GpuCatalog.models() {
             let hit = m.name.to_ascii_uppercase().contains(&t)
-                || m.aliases
-                    .iter()
-                    .any(|a| a.to_ascii_uppercase().contains(&t));
+                || m.aliases.iter().any(|a| a.to_ascii_uppercase().contains(&t));
             if hit && !models.iter().any(|x: &String| x == m.name) {
                 models.push(m.name.to_string());
             }
@@ -543,10 +454,7 @@ pub fn convert_pod(
     let meta = &k.metadata;
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
     let name = meta.name.clone().unwrap_or_default();
-    let ctx = ObjCtx {
-        origin,
-        object: format!("Pod {namespace}/{name}"),
-    };
+    let ctx = ObjCtx { origin, object: format!("Pod {namespace}/{name}") };
     if name.is_empty() {
         return Err(ctx.invalid("metadata.name", "", "a pod needs a name"));
     }
@@ -566,11 +474,7 @@ pub fn convert_pod(
     let (gpu, gpumem_percentage) = gpu_demand(&ctx, &requests, &annotations)?;
     let amount = |k: &str| requests.amounts.get(k).copied().unwrap_or(0);
 
-    let is = |k: &str, v: &str| {
-        annotations
-            .get(k)
-            .is_some_and(|x| x.eq_ignore_ascii_case(v))
-    };
+    let is = |k: &str, v: &str| annotations.get(k).is_some_and(|x| x.eq_ignore_ascii_case(v));
     let eviction_blocked = if is("karpenter.sh/do-not-disrupt", "true") {
         Some("karpenter.sh/do-not-disrupt=true".to_string())
     } else if is("cluster-autoscaler.kubernetes.io/safe-to-evict", "false") {
@@ -606,15 +510,9 @@ pub fn convert_pod(
 
     let workload = Workload {
         id: format!("{namespace}/{name}"),
-        requests: Resources {
-            cpu_milli: amount("cpu"),
-            memory_bytes: amount("memory"),
-        },
+        requests: Resources { cpu_milli: amount("cpu"), memory_bytes: amount("memory") },
         gpu,
-        gpu_models: annotations
-            .get("nvidia.com/use-gputype")
-            .map(|v| use_gpu_types(v))
-            .unwrap_or_default(),
+        gpu_models: annotations.get("nvidia.com/use-gputype").map(|v| use_gpu_types(v)).unwrap_or_default(),
         priority: spec.priority.unwrap_or(0),
         tenant: Some(tenant),
         gang,
@@ -628,10 +526,7 @@ pub fn convert_pod(
         gang_min_members,
         gang_topology_key: annotations.get("gpuscale.io/gang-topology").cloned(),
         created_at: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+        devices: None,
     };
-    Ok(Some(ConvertedPod {
-        workload,
-        gpu_uuids,
-        gpumem_percentage,
-    }))
+    Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

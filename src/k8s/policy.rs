@@ -11,16 +11,9 @@ pub fn convert_pdb(
     origin: &str,
     warnings: &mut Vec<String>,
 ) -> Result<Option<DisruptionBudget>, SnapshotError> {
-    let namespace = k
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
+    let namespace = k.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let name = k.metadata.name.clone().unwrap_or_default();
-    let ctx = ObjCtx {
-        origin,
-        object: format!("PodDisruptionBudget {namespace}/{name}"),
-    };
+    let ctx = ObjCtx { origin, object: format!("PodDisruptionBudget {namespace}/{name}") };
     let Some(selector) = k.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
         warnings.push(ctx.warning("no spec.selector: the budget covers no pod; skipped"));
         return Ok(None);
@@ -68,21 +61,15 @@ pub fn convert_pdb(
 
 /// API versions of PodGroup objects: the scheduler-plugins coscheduling group (current and old
 /// name) and Volcano's.
-pub const POD_GROUP_API_VERSIONS: &[&str] = &[
-    "scheduling.x-k8s.io/v1alpha1",
-    "scheduling.sigs.k8s.io/v1alpha1",
-    "scheduling.volcano.sh/v1beta1",
-];
+pub const POD_GROUP_API_VERSIONS: &[&str] =
+    &["scheduling.x-k8s.io/v1alpha1", "scheduling.sigs.k8s.io/v1alpha1", "scheduling.volcano.sh/v1beta1"];
 
 /// Reads a PodGroup as raw JSON: its `namespace/name` and `spec.minMember`.
 pub fn convert_pod_group(value: &Value, origin: &str) -> Result<(String, u32), SnapshotError> {
     let meta = &value["metadata"];
     let namespace = meta["namespace"].as_str().unwrap_or("default");
     let name = meta["name"].as_str().unwrap_or_default();
-    let ctx = ObjCtx {
-        origin,
-        object: format!("PodGroup {namespace}/{name}"),
-    };
+    let ctx = ObjCtx { origin, object: format!("PodGroup {namespace}/{name}") };
     if name.is_empty() {
         return Err(ctx.invalid("metadata.name", "", "a PodGroup needs a name"));
     }
@@ -92,13 +79,7 @@ pub fn convert_pod_group(value: &Value, origin: &str) -> Result<(String, u32), S
         v => v
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| {
-                ctx.invalid(
-                    "spec.minMember",
-                    v.to_string(),
-                    "expected a non-negative integer",
-                )
-            })?,
+            .ok_or_else(|| ctx.invalid("spec.minMember", v.to_string(), "expected a non-negative integer"))?,
     };
     Ok((format!("{namespace}/{name}"), min_member))
 }

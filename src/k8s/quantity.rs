@@ -52,9 +52,7 @@ impl Quantity {
             b'+' => (false, &s[1..]),
             _ => (false, s),
         };
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (number, suffix) = rest.split_at(num_end);
         if !number.bytes().any(|b| b.is_ascii_digit()) {
             return Err(QuantityError::Syntax("missing digits"));
@@ -95,9 +93,7 @@ impl Quantity {
                 if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(QuantityError::Syntax("malformed exponent"));
                 }
-                let e: i32 = exp
-                    .parse()
-                    .map_err(|_| QuantityError::Syntax("exponent out of range"))?;
+                let e: i32 = exp.parse().map_err(|_| QuantityError::Syntax("exponent out of range"))?;
                 if e.abs() > 1000 {
                     return Err(QuantityError::Syntax("exponent out of range"));
                 }
@@ -105,12 +101,7 @@ impl Quantity {
             }
             _ => return Err(QuantityError::Syntax("unknown suffix")),
         }
-        Ok(Self {
-            negative: negative && mantissa != 0,
-            mantissa,
-            exp10,
-            exp2,
-        })
+        Ok(Self { negative: negative && mantissa != 0, mantissa, exp10, exp2 })
     }
 
     /// The value times `10^scale`, rounded up to an integer (`scale = 3` gives milli-units).
@@ -249,12 +240,7 @@ mod tests {
     fn parsed_form_is_exact() {
         assert_eq!(
             Quantity::parse("1.25Gi"),
-            Ok(Quantity {
-                negative: false,
-                mantissa: 125,
-                exp10: -2,
-                exp2: 30
-            })
+            Ok(Quantity { negative: false, mantissa: 125, exp10: -2, exp2: 30 })
         );
     }
 }

@@ -18,32 +18,21 @@ pub struct SourcedObject {
 impl SourcedObject {
     /// An object with an origin label, for objects that do not come from a file.
     pub fn new(origin: impl Into<String>, value: Value) -> Self {
-        Self {
-            origin: origin.into(),
-            value,
-        }
+        Self { origin: origin.into(), value }
     }
 }
 
 /// Reads every object under `path`: a file, or a directory walked recursively for `*.json`,
 /// `*.yaml` and `*.yml` files in path order.
-pub fn read_path(
-    path: &Path,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<SourcedObject>, SnapshotError> {
-    let meta = std::fs::metadata(path).map_err(|source| SnapshotError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+pub fn read_path(path: &Path, warnings: &mut Vec<String>) -> Result<Vec<SourcedObject>, SnapshotError> {
+    let meta =
+        std::fs::metadata(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
     let files = if meta.is_dir() {
         let mut files = Vec::new();
         collect_files(path, &mut files, warnings)?;
         files.sort();
         if files.is_empty() {
-            warnings.push(format!(
-                "{}: no *.json, *.yaml or *.yml files found",
-                path.display()
-            ));
+            warnings.push(format!("{}: no *.json, *.yaml or *.yml files found", path.display()));
         }
         files
     } else {
@@ -51,10 +40,8 @@ pub fn read_path(
     };
     let mut out = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|source| SnapshotError::Io {
-            path: file.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|source| SnapshotError::Io { path: file.clone(), source })?;
         out.extend(parse_text(&file, &text)?);
     }
     Ok(out)
@@ -65,10 +52,7 @@ fn collect_files(
     out: &mut Vec<PathBuf>,
     warnings: &mut Vec<String>,
 ) -> Result<(), SnapshotError> {
-    let io = |source| SnapshotError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
+    let io = |source| SnapshotError::Io { path: dir.to_path_buf(), source };
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let path = entry.path();
@@ -79,16 +63,10 @@ fn collect_files(
         }
         // Symlinks to files are followed; symlinked directories are not (no cycles).
         if file_type.is_symlink() && path.is_dir() {
-            warnings.push(format!(
-                "{}: symlinked directory not followed",
-                path.display()
-            ));
+            warnings.push(format!("{}: symlinked directory not followed", path.display()));
             continue;
         }
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
+        let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
         if matches!(ext.as_deref(), Some("json" | "yaml" | "yml")) {
             out.push(path);
         }
@@ -99,10 +77,7 @@ fn collect_files(
 /// Parses the text of one file. `.json` files are JSON, `.yaml`/`.yml` YAML; other names are
 /// sniffed (JSON when the text starts with `{` or `[`).
 pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, SnapshotError> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     let json = match ext.as_deref() {
         Some("json") => true,
         Some("yaml" | "yml") => false,
@@ -112,25 +87,18 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
     let mut out = Vec::new();
     if json {
         let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
-        let docs: Vec<Value> =
-            stream
-                .collect::<Result<_, _>>()
-                .map_err(|e| SnapshotError::Json {
-                    path: path.to_path_buf(),
-                    line: e.line(),
-                    column: e.column(),
-                    message: e
-                        .to_string()
-                        .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
-                        .to_string(),
-                })?;
+        let docs: Vec<Value> = stream.collect::<Result<_, _>>().map_err(|e| SnapshotError::Json {
+            path: path.to_path_buf(),
+            line: e.line(),
+            column: e.column(),
+            message: e
+                .to_string()
+                .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
+                .to_string(),
+        })?;
         let many = docs.len() > 1;
         for (i, doc) in docs.into_iter().enumerate() {
-            let origin = if many {
-                format!("{name} doc {}", i + 1)
-            } else {
-                name.clone()
-            };
+            let origin = if many { format!("{name} doc {}", i + 1) } else { name.clone() };
             flatten(origin, doc, &mut out);
         }
     } else {
@@ -149,11 +117,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
         }
         let many = docs.len() > 1;
         for (i, doc) in docs.into_iter().enumerate() {
-            let origin = if many {
-                format!("{name} doc {}", i + 1)
-            } else {
-                name.clone()
-            };
+            let origin = if many { format!("{name} doc {}", i + 1) } else { name.clone() };
             flatten(origin, doc, &mut out);
         }
     }
@@ -236,10 +200,7 @@ mod tests {
         let err = parse_text(Path::new("bad.yaml"), "a: 1\nb: [1, 2\nc: 3\n").unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("bad.yaml:"), "{msg}");
-        assert!(
-            matches!(err, SnapshotError::Yaml { line, .. } if line >= 2),
-            "{msg}"
-        );
+        assert!(matches!(err, SnapshotError::Yaml { line, .. } if line >= 2), "{msg}");
     }
 
     #[test]

@@ -42,11 +42,8 @@ fn gpu_container(resources: Value) -> Value {
 }
 
 fn load(values: Vec<Value>) -> Result<LoadedSnapshot, SnapshotError> {
-    let objs: Vec<SourcedObject> = values
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| SourcedObject::new(format!("test[{i}]"), v))
-        .collect();
+    let objs: Vec<SourcedObject> =
+        values.into_iter().enumerate().map(|(i, v)| SourcedObject::new(format!("test[{i}]"), v)).collect();
     convert(&objs)
 }
 
@@ -77,8 +74,7 @@ fn node_capacity_labels_and_identity() {
     );
     v["spec"]["unschedulable"] = json!(true);
     v["spec"]["taints"] = json!([{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]);
-    v["metadata"]["annotations"] =
-        json!({"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"});
+    v["metadata"]["annotations"] = json!({"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"});
     let (n, warnings) = one_node(v);
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(n.allocatable.cpu_milli, 15_890);
@@ -86,10 +82,7 @@ fn node_capacity_labels_and_identity() {
     assert_eq!(n.zone.as_deref(), Some("us-east-1b"));
     assert_eq!(n.instance_type.as_deref(), Some("m6i.4xlarge"));
     assert_eq!(n.node_group.as_deref(), Some("cpu-general"));
-    assert_eq!(
-        n.provider_id.as_deref(),
-        Some("aws:///us-east-1a/i-ip-10-0-1-5.ec2.internal")
-    );
+    assert_eq!(n.provider_id.as_deref(), Some("aws:///us-east-1a/i-ip-10-0-1-5.ec2.internal"));
     assert!(n.unschedulable);
     assert!(n.scale_down_disabled);
     assert_eq!(n.taints[0].effect, TaintEffect::NoSchedule);
@@ -102,21 +95,14 @@ fn node_capacity_labels_and_identity() {
 #[test]
 fn node_group_labels_in_order_with_explicit_override() {
     let labels = |extra: Value| {
-        let mut l =
-            json!({"cloud.google.com/gke-nodepool": "pool-a", "karpenter.sh/nodepool": "kp"});
-        l.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
+        let mut l = json!({"cloud.google.com/gke-nodepool": "pool-a", "karpenter.sh/nodepool": "kp"});
+        l.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         l
     };
     let alloc = json!({"cpu": "4", "memory": "16Gi"});
     let (n, _) = one_node(node("a", labels(json!({})), alloc.clone()));
     assert_eq!(n.node_group.as_deref(), Some("pool-a"));
-    let (n, _) = one_node(node(
-        "a",
-        labels(json!({"gpuscale.io/node-group": "override"})),
-        alloc.clone(),
-    ));
+    let (n, _) = one_node(node("a", labels(json!({"gpuscale.io/node-group": "override"})), alloc.clone()));
     assert_eq!(n.node_group.as_deref(), Some("override"));
     let (n, _) = one_node(node(
         "a",
@@ -143,10 +129,7 @@ fn whole_gpus_from_gfd_labels() {
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(n.gpu_model.as_deref(), Some("H100-80GB"));
     assert_eq!(n.gpus.len(), 8);
-    assert!(n
-        .gpus
-        .iter()
-        .all(|g| g.mode == GpuMode::Standard && g.memory_mib == 81_559));
+    assert!(n.gpus.iter().all(|g| g.mode == GpuMode::Standard && g.memory_mib == 81_559));
     assert_eq!(n.gpus[7].index, 7);
     assert_eq!(n.topology.nvlink_domain, vec![0; 8]);
     assert_eq!(n.topology.numa, vec![0, 0, 0, 0, 1, 1, 1, 1]);
@@ -188,10 +171,7 @@ fn time_sliced_gpus_plain_and_renamed() {
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(n.gpu_model.as_deref(), Some("L4"));
     assert_eq!(n.gpus.len(), 4);
-    assert!(n
-        .gpus
-        .iter()
-        .all(|g| g.mode == GpuMode::TimeSliced { replicas: 2 }));
+    assert!(n.gpus.iter().all(|g| g.mode == GpuMode::TimeSliced { replicas: 2 }));
 }
 
 fn mig_layouts(n: &Node) -> Vec<Vec<MigPlacement>> {
@@ -222,10 +202,7 @@ fn mig_mixed_strategy_distributes_valid_layouts() {
     for l in &layouts {
         A100_40GB.validate(l).unwrap();
         let count = |p: &str| l.iter().filter(|i| i.profile == p).count();
-        assert_eq!(
-            (count("1g.5gb"), count("2g.10gb"), count("3g.20gb")),
-            (2, 1, 1)
-        );
+        assert_eq!((count("1g.5gb"), count("2g.10gb"), count("3g.20gb")), (2, 1, 1));
     }
     assert!(n.gpus.iter().all(|g| g.memory_mib == 40_960));
 }
@@ -240,13 +217,7 @@ fn mig_mixed_with_some_gpus_whole() {
                "nvidia.com/mig-1g.5gb": "28"}),
     ));
     assert_eq!(n.gpus.len(), 8);
-    assert_eq!(
-        n.gpus
-            .iter()
-            .filter(|g| g.mode == GpuMode::Standard)
-            .count(),
-        4
-    );
+    assert_eq!(n.gpus.iter().filter(|g| g.mode == GpuMode::Standard).count(), 4);
     let layouts = mig_layouts(&n);
     assert_eq!(layouts.len(), 4);
     assert!(layouts.iter().all(|l| l.len() == 7));
@@ -293,15 +264,8 @@ fn mig_single_strategy() {
     let layouts = mig_layouts(&n);
     assert_eq!(layouts.len(), 2, "14 instances of 1g.5gb fill two GPUs");
     assert!(layouts.iter().all(|l| l.len() == 7));
-    assert_eq!(
-        n.gpus[0].memory_mib,
-        40 * 1024,
-        "physical memory from the catalog"
-    );
-    assert_eq!(
-        n.labels.get("nvidia.com/mig.strategy").map(String::as_str),
-        Some("single")
-    );
+    assert_eq!(n.gpus[0].memory_mib, 40 * 1024, "physical memory from the catalog");
+    assert_eq!(n.labels.get("nvidia.com/mig.strategy").map(String::as_str), Some("single"));
 }
 
 #[test]
@@ -330,10 +294,7 @@ fn hami_register_annotation() {
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(n.gpu_model.as_deref(), Some("V100-32GB"));
     assert_eq!(n.gpus.len(), 2, "physical GPUs, not the 20 split slots");
-    assert!(n
-        .gpus
-        .iter()
-        .all(|g| g.mode == GpuMode::Standard && g.memory_mib == 32_768));
+    assert!(n.gpus.iter().all(|g| g.mode == GpuMode::Standard && g.memory_mib == 32_768));
     assert_eq!(n.topology.numa, vec![0, 1]);
 
     let json_form = parse_hami_register(
@@ -390,20 +351,9 @@ fn node_lifecycle_states() {
 
 #[test]
 fn bad_node_quantity_names_object_field_and_value() {
-    let err = load(vec![node(
-        "n1",
-        json!({}),
-        json!({"cpu": "4 cores", "memory": "16Gi"}),
-    )])
-    .unwrap_err();
+    let err = load(vec![node("n1", json!({}), json!({"cpu": "4 cores", "memory": "16Gi"}))]).unwrap_err();
     match &err {
-        SnapshotError::Quantity {
-            origin,
-            object,
-            field,
-            value,
-            ..
-        } => {
+        SnapshotError::Quantity { origin, object, field, value, .. } => {
             assert_eq!(origin, "test[0]");
             assert_eq!(object, "Node n1");
             assert_eq!(field, "status.allocatable.cpu");
@@ -436,11 +386,7 @@ fn effective_requests_follow_the_kubernetes_formula() {
     // memory: max(1Gi + 512Mi + 64Mi, 256Mi, 2Gi + 64Mi) + 120Mi = 2Gi + 184Mi
     assert_eq!(w.requests.memory_bytes, (2048 + 64 + 120) << 20);
 
-    let mut v = pod(
-        "ml",
-        "q",
-        json!([{"name": "a", "resources": {"requests": {"cpu": "1"}}}]),
-    );
+    let mut v = pod("ml", "q", json!([{"name": "a", "resources": {"requests": {"cpu": "1"}}}]));
     v["spec"]["resources"] = json!({"requests": {"cpu": "3", "memory": "1Gi"}});
     let w = one_pod(v);
     assert_eq!(w.requests.cpu_milli, 3000, "pod-level resources win");
@@ -449,36 +395,19 @@ fn effective_requests_follow_the_kubernetes_formula() {
 #[test]
 fn gpu_demands_in_every_spelling() {
     let demand = |r: Value| one_pod(pod("ml", "p", gpu_container(r))).gpu;
-    assert_eq!(
-        demand(json!({"nvidia.com/gpu": "2"})),
-        GpuDemand::Whole { count: 2 }
-    );
+    assert_eq!(demand(json!({"nvidia.com/gpu": "2"})), GpuDemand::Whole { count: 2 });
     assert_eq!(
         demand(json!({"nvidia.com/mig-3g.20gb": 1})),
-        GpuDemand::Mig {
-            profile: "3g.20gb".into(),
-            count: 1
-        }
+        GpuDemand::Mig { profile: "3g.20gb".into(), count: 1 }
     );
-    assert_eq!(
-        demand(json!({"nvidia.com/gpu.shared": "1"})),
-        GpuDemand::Shared { count: 1 }
-    );
+    assert_eq!(demand(json!({"nvidia.com/gpu.shared": "1"})), GpuDemand::Shared { count: 1 });
     assert_eq!(
         demand(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})),
-        GpuDemand::Fraction {
-            count: 1,
-            milli: 300,
-            memory_mib: 3000
-        }
+        GpuDemand::Fraction { count: 1, milli: 300, memory_mib: 3000 }
     );
     assert_eq!(demand(json!({"cpu": "1"})), GpuDemand::None);
     // Limits only (extended resources are usually written as limits).
-    let w = one_pod(pod(
-        "ml",
-        "p",
-        json!([{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]),
-    ));
+    let w = one_pod(pod("ml", "p", json!([{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "4"}}}])));
     assert_eq!(w.gpu, GpuDemand::Whole { count: 4 });
 }
 
@@ -491,53 +420,29 @@ fn kai_fraction_annotations() {
     };
     assert_eq!(
         one_pod(with(json!({"gpu-fraction": "0.5"}))).gpu,
-        GpuDemand::Fraction {
-            count: 1,
-            milli: 500,
-            memory_mib: 0
-        }
+        GpuDemand::Fraction { count: 1, milli: 500, memory_mib: 0 }
     );
     assert_eq!(
         one_pod(with(json!({"gpu-memory": "4000"}))).gpu,
-        GpuDemand::Fraction {
-            count: 1,
-            milli: 0,
-            memory_mib: 4000
-        }
+        GpuDemand::Fraction { count: 1, milli: 0, memory_mib: 4000 }
     );
     assert_eq!(
-        one_pod(with(
-            json!({"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"})
-        ))
-        .gpu,
-        GpuDemand::Fraction {
-            count: 2,
-            milli: 250,
-            memory_mib: 0
-        }
+        one_pod(with(json!({"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"}))).gpu,
+        GpuDemand::Fraction { count: 2, milli: 250, memory_mib: 0 }
     );
     let err = pod_err(with(json!({"gpu-fraction": "0.5", "gpu-memory": "4000"})));
-    assert!(
-        err.contains("Pod team-a/p") && err.contains("gpu-memory"),
-        "{err}"
-    );
+    assert!(err.contains("Pod team-a/p") && err.contains("gpu-memory"), "{err}");
     let err = pod_err(with(json!({"gpu-fraction": "1.5"})));
     assert!(err.contains("metadata.annotations[gpu-fraction]"), "{err}");
 }
 
 #[test]
 fn contradictory_or_unknown_gpu_requests_are_errors() {
-    let err = pod_err(pod(
-        "ml",
-        "mixed",
-        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.5gb": 1})),
-    ));
+    let err =
+        pod_err(pod("ml", "mixed", gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.5gb": 1}))));
     assert!(err.contains("Pod ml/mixed"), "{err}");
     assert!(err.contains("mixed GPU requests"), "{err}");
-    assert!(
-        err.contains("spec.containers[0].resources.requests.nvidia.com/"),
-        "{err}"
-    );
+    assert!(err.contains("spec.containers[0].resources.requests.nvidia.com/"), "{err}");
 
     let err = pod_err(pod(
         "ml",
@@ -546,55 +451,28 @@ fn contradictory_or_unknown_gpu_requests_are_errors() {
     ));
     assert!(err.contains("mixed GPU requests"), "{err}");
 
-    let err = pod_err(pod(
-        "ml",
-        "unknown",
-        gpu_container(json!({"nvidia.com/gpu.sharedd": 1})),
-    ));
-    assert!(
-        err.contains("unknown GPU resource nvidia.com/gpu.sharedd"),
-        "{err}"
-    );
+    let err = pod_err(pod("ml", "unknown", gpu_container(json!({"nvidia.com/gpu.sharedd": 1}))));
+    assert!(err.contains("unknown GPU resource nvidia.com/gpu.sharedd"), "{err}");
 
-    let err = pod_err(pod(
-        "ml",
-        "hami-no-count",
-        gpu_container(json!({"nvidia.com/gpumem": 1000})),
-    ));
+    let err = pod_err(pod("ml", "hami-no-count", gpu_container(json!({"nvidia.com/gpumem": 1000}))));
     assert!(err.contains("need nvidia.com/gpu"), "{err}");
 
-    let mut v = pod(
-        "ml",
-        "kai-and-gpu",
-        gpu_container(json!({"nvidia.com/gpu": 1})),
-    );
+    let mut v = pod("ml", "kai-and-gpu", gpu_container(json!({"nvidia.com/gpu": 1})));
     v["metadata"]["annotations"] = json!({"gpu-fraction": "0.5"});
     assert!(pod_err(v).contains("mixed GPU requests"));
 
-    let err = pod_err(pod(
-        "ml",
-        "frac",
-        gpu_container(json!({"nvidia.com/gpu": "0.5"})),
-    ));
-    assert!(
-        err.contains("must be a whole number") && err.contains("\"0.5\""),
-        "{err}"
-    );
+    let err = pod_err(pod("ml", "frac", gpu_container(json!({"nvidia.com/gpu": "0.5"}))));
+    assert!(err.contains("must be a whole number") && err.contains("\"0.5\""), "{err}");
 }
 
 #[test]
 fn pod_scheduling_fields() {
-    let mut v = pod(
-        "prod",
-        "web-7d9f-abc",
-        json!([{"name": "m", "resources": {"requests": {"cpu": "1"}}}]),
-    );
+    let mut v = pod("prod", "web-7d9f-abc", json!([{"name": "m", "resources": {"requests": {"cpu": "1"}}}]));
     v["metadata"]["labels"] = json!({"app": "web", "kueue.x-k8s.io/queue-name": "team-web"});
     v["metadata"]["ownerReferences"] = json!([
         {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f", "uid": "u1", "controller": true}
     ]);
-    v["metadata"]["annotations"] =
-        json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"});
+    v["metadata"]["annotations"] = json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"});
     v["spec"]["priority"] = json!(1000);
     v["spec"]["nodeSelector"] = json!({"eks.amazonaws.com/nodegroup": "gpu-h100"});
     v["spec"]["tolerations"] = json!([
@@ -615,10 +493,7 @@ fn pod_scheduling_fields() {
     assert_eq!(w.priority, 1000);
     assert_eq!(w.tenant.as_deref(), Some("team-web"));
     assert_eq!(w.owner, OwnerKind::ReplicaSet);
-    assert_eq!(
-        w.eviction_blocked.as_deref(),
-        Some("cluster-autoscaler.kubernetes.io/safe-to-evict=false")
-    );
+    assert_eq!(w.eviction_blocked.as_deref(), Some("cluster-autoscaler.kubernetes.io/safe-to-evict=false"));
     assert_eq!(w.node_selector["eks.amazonaws.com/nodegroup"], "gpu-h100");
     assert_eq!(w.tolerations.len(), 3);
     assert_eq!(w.tolerations[0].operator, TolerationOperator::Exists);
@@ -629,28 +504,17 @@ fn pod_scheduling_fields() {
     assert_eq!(w.affinity_terms[1][0].key, "kubernetes.io/hostname");
     assert_eq!(w.node_name.as_deref(), Some("node-1"));
     assert_eq!(w.created_at, Some(1_740_830_400));
-    assert!(
-        l.warnings.iter().any(|x| x.contains("node-1")),
-        "bound to a missing node"
-    );
+    assert!(l.warnings.iter().any(|x| x.contains("node-1")), "bound to a missing node");
 
     let mut v = pod("ml", "bare", json!([]));
     v["metadata"]["annotations"] = json!({"karpenter.sh/do-not-disrupt": "true"});
     let w = one_pod(v);
     assert_eq!(w.owner, OwnerKind::None);
-    assert_eq!(
-        w.tenant.as_deref(),
-        Some("ml"),
-        "namespace is the default tenant"
-    );
-    assert_eq!(
-        w.eviction_blocked.as_deref(),
-        Some("karpenter.sh/do-not-disrupt=true")
-    );
+    assert_eq!(w.tenant.as_deref(), Some("ml"), "namespace is the default tenant");
+    assert_eq!(w.eviction_blocked.as_deref(), Some("karpenter.sh/do-not-disrupt=true"));
 
     let mut v = pod("ml", "labelled", json!([]));
-    v["metadata"]["labels"] =
-        json!({"gpuscale.io/tenant": "research", "kueue.x-k8s.io/queue-name": "q"});
+    v["metadata"]["labels"] = json!({"gpuscale.io/tenant": "research", "kueue.x-k8s.io/queue-name": "q"});
     assert_eq!(one_pod(v).tenant.as_deref(), Some("research"));
 }
 
@@ -672,18 +536,12 @@ fn gangs_from_every_convention() {
     let w = &l.snapshot.workloads[0];
     assert_eq!(w.gang.as_deref(), Some("ml/llama"));
     assert_eq!(w.gang_min_members, Some(4));
-    assert_eq!(
-        w.gang_topology_key.as_deref(),
-        Some("topology.kubernetes.io/zone")
-    );
+    assert_eq!(w.gang_topology_key.as_deref(), Some("topology.kubernetes.io/zone"));
     // Without the PodGroup object: all members.
     v["metadata"]["annotations"] = json!({});
     assert_eq!(one_pod(v).gang_min_members, None);
 
-    let w = one_pod(with(
-        json!({}),
-        json!({"scheduling.k8s.io/group-name": "vc-job"}),
-    ));
+    let w = one_pod(with(json!({}), json!({"scheduling.k8s.io/group-name": "vc-job"})));
     assert_eq!(w.gang.as_deref(), Some("ml/vc-job"));
     let w = one_pod(with(
         json!({"leaderworkerset.sigs.k8s.io/name": "vllm", "leaderworkerset.sigs.k8s.io/group-index": "2"}),
@@ -691,15 +549,9 @@ fn gangs_from_every_convention() {
     ));
     assert_eq!(w.gang.as_deref(), Some("ml/vllm-2"));
     assert_eq!(w.gang_min_members, Some(4));
-    let w = one_pod(with(
-        json!({"jobset.sigs.k8s.io/jobset-name": "js"}),
-        json!({}),
-    ));
+    let w = one_pod(with(json!({"jobset.sigs.k8s.io/jobset-name": "js"}), json!({})));
     assert_eq!(w.gang.as_deref(), Some("ml/js"));
-    let w = one_pod(with(
-        json!({"training.kubeflow.org/job-name": "pt"}),
-        json!({}),
-    ));
+    let w = one_pod(with(json!({"training.kubeflow.org/job-name": "pt"}), json!({})));
     assert_eq!(w.gang.as_deref(), Some("ml/pt"));
     assert_eq!(one_pod(with(json!({}), json!({}))).gang, None);
 }
@@ -750,34 +602,20 @@ fn bound_pods_are_accounted_on_their_nodes() {
         mig,
         ts,
         whole,
-        bound(
-            "m",
-            "a100",
-            json!({"cpu": "2", "nvidia.com/mig-3g.20gb": 1}),
-        ),
+        bound("m", "a100", json!({"cpu": "2", "nvidia.com/mig-3g.20gb": 1})),
         bound("t", "t4", json!({"cpu": "1", "nvidia.com/gpu": 3})),
-        bound(
-            "h",
-            "h100",
-            json!({"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4}),
-        ),
+        bound("h", "h100", json!({"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4})),
         bound("over", "a100", json!({"nvidia.com/mig-3g.20gb": 2})),
     ])
     .unwrap();
     let n = &l.snapshot.nodes;
     assert_eq!(n[0].allocated.cpu_milli, 2000);
-    let GpuMode::Mig { instances, .. } = &n[0].gpus[0].mode else {
-        panic!("MIG node")
-    };
+    let GpuMode::Mig { instances, .. } = &n[0].gpus[0].mode else { panic!("MIG node") };
     assert_eq!(instances.iter().filter(|i| i.used).count(), 1);
     assert_eq!(n[1].gpus[0].used_replicas, 3);
     assert_eq!(n[2].idle_gpus(), 4);
     assert_eq!(n[2].allocated.memory_bytes, 64 << 30);
-    assert!(
-        l.warnings.iter().any(|w| w.contains("ml/over")),
-        "{:?}",
-        l.warnings
-    );
+    assert!(l.warnings.iter().any(|w| w.contains("ml/over")), "{:?}", l.warnings);
 }
 
 #[test]
@@ -789,24 +627,13 @@ fn hami_pods_use_the_allocated_device_and_memory_percentage() {
     );
     hami["metadata"]["annotations"] = json!({"hami.io/node-nvidia-register":
         "GPU-aaa,10,24576,100,NVIDIA-NVIDIA A10,0,true:GPU-bbb,10,24576,100,NVIDIA-NVIDIA A10,0,true:"});
-    let mut p = pod(
-        "ml",
-        "vgpu",
-        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50})),
-    );
-    p["metadata"]["annotations"] =
-        json!({"hami.io/vgpu-devices-allocated": "GPU-bbb,NVIDIA,12288,0:;"});
+    let mut p =
+        pod("ml", "vgpu", gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50})));
+    p["metadata"]["annotations"] = json!({"hami.io/vgpu-devices-allocated": "GPU-bbb,NVIDIA,12288,0:;"});
     p["spec"]["nodeName"] = json!("hami");
     p["status"]["phase"] = json!("Running");
     let l = load(vec![hami, p]).unwrap();
-    assert_eq!(
-        l.snapshot.workloads[0].gpu,
-        GpuDemand::Fraction {
-            count: 1,
-            milli: 0,
-            memory_mib: 12_288
-        }
-    );
+    assert_eq!(l.snapshot.workloads[0].gpu, GpuDemand::Fraction { count: 1, milli: 0, memory_mib: 12_288 });
     let n = &l.snapshot.nodes[0];
     assert_eq!(n.gpu_model.as_deref(), Some("A10"));
     assert_eq!(n.gpus[0].used_memory_mib, 0);
@@ -820,16 +647,14 @@ fn pdbs_and_skipped_kinds() {
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"},
             "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["canary"]}]}},
         "status": {"currentHealthy": 3, "desiredHealthy": 2, "disruptionsAllowed": 1, "expectedPods": 3}});
-    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "prod"}});
+    let svc =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "prod"}});
     let l = load(vec![pdb, svc]).unwrap();
     let b = &l.snapshot.disruption_budgets[0];
     assert_eq!(b.id, "prod/web");
     assert_eq!(b.disruptions_allowed, 1);
     assert_eq!(b.selector.match_labels["app"], "web");
-    assert_eq!(
-        b.selector.match_expressions[0].operator,
-        SelectorOperator::NotIn
-    );
+    assert_eq!(b.selector.match_expressions[0].operator, SelectorOperator::NotIn);
     assert!(l.warnings.iter().any(|w| w.contains("kind Service")));
 }
 
@@ -838,10 +663,7 @@ fn wrong_shape_names_the_field() {
     let mut v = node("n", json!({}), json!({"cpu": "1", "memory": "1Gi"}));
     v["spec"]["taints"] = json!([{"key": "k", "effect": 5}]);
     let err = load(vec![v]).unwrap_err();
-    assert!(
-        matches!(&err, SnapshotError::Decode { field, .. } if field.contains("taints")),
-        "{err}"
-    );
+    assert!(matches!(&err, SnapshotError::Decode { field, .. } if field.contains("taints")), "{err}");
 }
 
 #[test]
@@ -873,11 +695,7 @@ fn mig_single_nodes_account_gpu_requests_as_instances() {
 
 #[test]
 fn hami_use_gputype_lists_accepted_models() {
-    let mut v = pod(
-        "ml",
-        "p",
-        gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})),
-    );
+    let mut v = pod("ml", "p", gpu_container(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})));
     v["metadata"]["annotations"] = json!({"nvidia.com/use-gputype": "A100,T4"});
     let w = one_pod(v);
     assert_eq!(w.gpu_models, ["A100-80GB", "A100-40GB", "T4"]);

@@ -21,6 +21,6 @@ pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;
 pub use workload::{
-    DisruptionBudget, LabelSelector, NodeSelectorRequirement, OwnerKind, SelectorOperator,
-    Toleration, TolerationOperator, Workload, WorkloadId,
+    DisruptionBudget, LabelSelector, NodeSelectorRequirement, OwnerKind, SelectorOperator, Toleration,
+    TolerationOperator, Workload, WorkloadId,
 };

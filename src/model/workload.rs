@@ -158,6 +158,10 @@ pub struct Workload {
     /// Creation time, seconds since the Unix epoch (waiting time, starvation).
     #[serde(default)]
     pub created_at: Option<i64>,
+    /// Devices a running pod holds on its node, when known (annotations, or replayed by the
+    /// snapshot loader so that every consumer sees the same assignment).
+    #[serde(default)]
+    pub devices: Option<super::device::DeviceAssignment>,
 }
 
 /// The controller that owns a pod.

@@ -107,7 +107,10 @@ pub fn build<'p>(
             warnings.push(format!("pod {} is bound to node {node_name}, which is not in the snapshot", w.id));
             continue;
         };
-        let devices = running_devices(&placer.nodes()[ni], w, warnings);
+        let devices = match &w.devices {
+            Some(d) => d.clone(),
+            None => running_devices(&placer.nodes()[ni], w, warnings),
+        };
         placer.commit(w, &Placement { node: ni, devices: devices.clone() });
         info[ni].pods.push((wi, devices));
     }
@@ -145,4 +148,35 @@ fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> Dev
             DeviceAssignment::None
         }
     }
+}
+
+/// Node-specific labels that never belong in a group template.
+const NODE_SPECIFIC_LABELS: &[&str] =
+    &["kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.k8s.aws/zone-id"];
+
+/// Completes each group's template with what its registered nodes show (Cluster Autoscaler builds
+/// templates from real nodes the same way): labels all of them share and their common taints.
+/// Pods select groups by such labels (node-group names, GFD labels) and tolerate the real taints.
+pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<NodeGroup> {
+    let mut learned = groups.to_vec();
+    for (gi, g) in learned.iter_mut().enumerate() {
+        let members: Vec<&Node> = snapshot
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Ready && group_of(n, groups) == Some(gi))
+            .collect();
+        let Some(first) = members.first() else { continue };
+        for (k, v) in &first.labels {
+            if NODE_SPECIFIC_LABELS.contains(&k.as_str()) || g.template.labels.contains_key(k) {
+                continue;
+            }
+            if members.iter().all(|m| m.labels.get(k) == Some(v)) {
+                g.template.labels.insert(k.clone(), v.clone());
+            }
+        }
+        if members.iter().all(|m| m.taints == first.taints) {
+            g.template.taints = first.taints.clone();
+        }
+    }
+    learned
 }

@@ -78,7 +78,8 @@ pub(crate) struct Unit {
 
 /// Groups pending pods into units, highest priority first, then oldest, then by name.
 fn pending_units(workloads: &[Workload]) -> Vec<Unit> {
-    let mut pending: Vec<usize> = (0..workloads.len()).filter(|&i| workloads[i].node_name.is_none()).collect();
+    let mut pending: Vec<usize> =
+        (0..workloads.len()).filter(|&i| workloads[i].node_name.is_none()).collect();
     pending.sort_by(|&a, &b| {
         let (x, y) = (&workloads[a], &workloads[b]);
         y.priority.cmp(&x.priority).then(x.created_at.cmp(&y.created_at)).then(x.id.cmp(&y.id))
@@ -118,12 +119,13 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     let mut out = Plan::default();
     let snapshot = &input.snapshot;
     let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
+    let groups = cluster::learn_templates(&input.groups, snapshot);
     let mut scale_nodes: Vec<_> = snapshot.nodes.clone();
-    scale_nodes.extend(input.groups.iter().map(|g| g.template.clone()));
+    scale_nodes.extend(groups.iter().map(|g| g.template.clone()));
     let policy = settings.policy.build(&ClusterScale::of(&scale_nodes), &target);
     let (mut placer, mut info) =
-        cluster::build(snapshot, &input.groups, policy.as_ref(), settings.seed, &mut out.warnings);
-    out.cost_before = input.groups.iter().map(|g| u64::from(g.target_size) * g.price).sum();
+        cluster::build(snapshot, &groups, policy.as_ref(), settings.seed, &mut out.warnings);
+    out.cost_before = groups.iter().map(|g| u64::from(g.target_size) * g.price).sum();
 
     // 1. Pending pods onto existing and in-flight capacity.
     let mut unplaced: Vec<Unit> = Vec::new();
@@ -131,13 +133,6 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, &|_| true) {
             Some(placed) => {
                 for (wi, p) in placed {
-                    let origin = info[p.node].origin;
-                    out.placements.push(PendingPlacement {
-                        pod: snapshot.workloads[wi].id.clone(),
-                        node: placer.nodes()[p.node].name.clone(),
-                        devices: p.devices.clone(),
-                        node_in_flight: origin != Origin::Ready,
-                    });
                     info[p.node].pods.push((wi, p.devices));
                 }
             }
@@ -146,18 +141,36 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     }
 
     // 2. Scale-up for the rest.
-    let ups = scale_up::plan(&mut placer, &mut info, input, &unplaced, settings.max_new_nodes);
+    let ups = scale_up::plan(&mut placer, &mut info, input, &groups, &unplaced, settings.max_new_nodes);
     out.unschedulable = ups.unschedulable;
     out.scale_ups = ups.scale_ups;
 
     // 3. Scale-down and consolidation, only when nothing waits for new capacity.
     if settings.scale_down {
         let waiting: BTreeSet<&str> = out.unschedulable.iter().map(|u| u.pod.as_str()).collect();
-        let downs = scale_down::plan(&mut placer, &mut info, input, settings, !waiting.is_empty() || !out.scale_ups.is_empty());
+        let busy = !waiting.is_empty() || !out.scale_ups.is_empty();
+        let downs = scale_down::plan(&mut placer, &mut info, input, &groups, settings, busy);
         out.scale_downs = downs.scale_downs;
         out.replacements = downs.replacements;
         out.kept = downs.kept;
     }
+    // Where pending pods end up on capacity that exists or is on its way (after any moves).
+    for (n, node_info) in info.iter().enumerate() {
+        if node_info.origin == Origin::New {
+            continue;
+        }
+        for (wi, devices) in &node_info.pods {
+            if snapshot.workloads[*wi].node_name.is_none() {
+                out.placements.push(PendingPlacement {
+                    pod: snapshot.workloads[*wi].id.clone(),
+                    node: placer.nodes()[n].name.clone(),
+                    devices: devices.clone(),
+                    node_in_flight: node_info.origin != Origin::Ready,
+                });
+            }
+        }
+    }
+    out.placements.sort_by(|a, b| a.pod.cmp(&b.pod));
     let added: u64 = out.scale_ups.iter().map(|s| s.cost_per_hour).sum();
     let saved: u64 = out.scale_downs.iter().map(|s| s.saving_per_hour).sum::<u64>()
         + out.replacements.iter().map(|r| r.saving_per_hour).sum::<u64>();

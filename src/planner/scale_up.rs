@@ -94,7 +94,12 @@ fn template_fit(group: &NodeGroup, w: &Workload) -> Result<(), fit::Unfit> {
 
 /// Packs pods onto fresh nodes of a group, first fit in order, opening up to `max_nodes`.
 /// Returns how many nodes were needed and which pods fit, or `None` if `required` pods do not.
-fn pack_fresh(group: &NodeGroup, pods: &[&Workload], required: usize, max_nodes: u32) -> Option<(u32, Vec<usize>)> {
+pub(crate) fn pack_fresh(
+    group: &NodeGroup,
+    pods: &[&Workload],
+    required: usize,
+    max_nodes: u32,
+) -> Option<(u32, Vec<usize>)> {
     let mut nodes: Vec<Node> = Vec::new();
     let mut fitted = Vec::new();
     for (i, w) in pods.iter().enumerate() {
@@ -126,11 +131,11 @@ pub(crate) fn plan(
     placer: &mut Placer<'_>,
     info: &mut Vec<NodeInfo>,
     input: &PlanInput,
+    groups: &[NodeGroup],
     units: &[Unit],
     max_new_nodes: u32,
 ) -> ScaleUps {
     let workloads = &input.snapshot.workloads;
-    let groups = &input.groups;
     let mut added = vec![0u32; groups.len()];
     let mut pods_for: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     let mut unschedulable = Vec::new();
@@ -148,9 +153,14 @@ pub(crate) fn plan(
     for (ui, unit) in units.iter().enumerate() {
         // Capacity this plan already adds may hold it.
         let is_new: Vec<bool> = info.iter().map(|n| n.origin == Origin::New).collect();
-        if let Some(placed) = place_unit(placer, workloads, unit, &|n| is_new.get(n).copied().unwrap_or(false)) {
+        if let Some(placed) =
+            place_unit(placer, workloads, unit, &|n| is_new.get(n).copied().unwrap_or(false))
+        {
             for (wi, p) in placed {
-                pods_for.entry(info[p.node].group.unwrap_or(usize::MAX)).or_default().push(workloads[wi].id.clone());
+                pods_for
+                    .entry(info[p.node].group.unwrap_or(usize::MAX))
+                    .or_default()
+                    .push(workloads[wi].id.clone());
                 info[p.node].pods.push((wi, p.devices));
             }
             continue;
@@ -170,14 +180,18 @@ pub(crate) fn plan(
                 why_not.push(format!("{name}: {}", u.as_str()));
                 continue;
             }
-            let headroom = g.max_size.saturating_sub(g.target_size + added[gi]).min(max_new_nodes - total_new);
+            let headroom =
+                g.max_size.saturating_sub(g.target_size + added[gi]).min(max_new_nodes - total_new);
             if headroom == 0 {
                 why_not.push(format!("{name}: at max size {}", g.max_size));
                 continue;
             }
             let (nodes, value) = if unit.gang.is_some() {
                 let Some((n, fitted)) = pack_fresh(g, &members, required, headroom) else {
-                    why_not.push(format!("{name}: gang of {} does not fit in {headroom} new node(s)", members.len()));
+                    why_not.push(format!(
+                        "{name}: gang of {} does not fit in {headroom} new node(s)",
+                        members.len()
+                    ));
                     continue;
                 };
                 (n, fitted.iter().map(|&i| standalone(members[i])).sum::<f64>())
@@ -213,7 +227,8 @@ pub(crate) fn plan(
             };
             for &wi in &unit.pods {
                 let gang = unit.gang.as_ref().map(|g| format!(" (gang {g})")).unwrap_or_default();
-                unschedulable.push(Unschedulable { pod: workloads[wi].id.clone(), reason: format!("{reason}{gang}") });
+                unschedulable
+                    .push(Unschedulable { pod: workloads[wi].id.clone(), reason: format!("{reason}{gang}") });
             }
             continue;
         };

@@ -172,58 +172,13 @@ fn build_catalog() -> Vec<InstanceSpec> {
         aws("g6e.12xlarge", 48, 384, 4, l40s, false, Some(10.49264), 292),
         aws("g6e.16xlarge", 64, 512, 1, l40s, false, Some(7.57719), 737),
         aws("g6e.24xlarge", 96, 768, 4, l40s, false, Some(15.06559), 492),
-        aws(
-            "g6e.48xlarge",
-            192,
-            1536,
-            8,
-            l40s,
-            false,
-            Some(30.13118),
-            492,
-        ),
+        aws("g6e.48xlarge", 192, 1536, 8, l40s, false, Some(30.13118), 492),
         // P-family: 8 SXM GPUs on NVSwitch.
-        aws(
-            "p4d.24xlarge",
-            96,
-            1152,
-            8,
-            Some("A100-40GB"),
-            true,
-            Some(21.957642),
-            737,
-        ),
-        aws(
-            "p4de.24xlarge",
-            96,
-            1152,
-            8,
-            Some("A100-80GB"),
-            true,
-            Some(27.44705),
-            737,
-        ),
-        aws(
-            "p5.48xlarge",
-            192,
-            2048,
-            8,
-            Some("H100-80GB"),
-            true,
-            Some(55.04),
-            100,
-        ),
+        aws("p4d.24xlarge", 96, 1152, 8, Some("A100-40GB"), true, Some(21.957642), 737),
+        aws("p4de.24xlarge", 96, 1152, 8, Some("A100-80GB"), true, Some(27.44705), 737),
+        aws("p5.48xlarge", 192, 2048, 8, Some("H100-80GB"), true, Some(55.04), 100),
         // Same network cards as p5.48xlarge, hence the same ENI pod limit.
-        aws(
-            "p5e.48xlarge",
-            192,
-            2048,
-            8,
-            Some("H200-141GB"),
-            true,
-            None,
-            100,
-        ),
+        aws("p5e.48xlarge", 192, 2048, 8, Some("H200-141GB"), true, None, 100),
     ];
     // CPU types for CPU pods: (size, vcpu, m6i GiB, c6i GiB, m6i $, c6i $, max pods).
     for (size, vcpu, m_mem, c_mem, m_price, c_price, pods) in [
@@ -232,26 +187,8 @@ fn build_catalog() -> Vec<InstanceSpec> {
         ("2xlarge", 8, 32, 16, 0.384, 0.34, 58),
         ("4xlarge", 16, 64, 32, 0.768, 0.68, 234),
     ] {
-        v.push(aws(
-            &format!("m6i.{size}"),
-            vcpu,
-            m_mem,
-            0,
-            None,
-            false,
-            Some(m_price),
-            pods,
-        ));
-        v.push(aws(
-            &format!("c6i.{size}"),
-            vcpu,
-            c_mem,
-            0,
-            None,
-            false,
-            Some(c_price),
-            pods,
-        ));
+        v.push(aws(&format!("m6i.{size}"), vcpu, m_mem, 0, None, false, Some(m_price), pods));
+        v.push(aws(&format!("c6i.{size}"), vcpu, c_mem, 0, None, false, Some(c_price), pods));
     }
     // GCP G2 (L4): billed as 0.0366975 $/h per (vCPU + 4 GB) plus 0.56004 $/h per L4 GPU.
     for (vcpu, gpus, price) in [
@@ -323,16 +260,7 @@ fn build_catalog() -> Vec<InstanceSpec> {
         true,
         Some(88.49),
     ));
-    v.push(gcp(
-        "a3-megagpu-8g",
-        208,
-        1872,
-        8,
-        Some("H100-80GB"),
-        Some("nvidia-h100-mega-80gb"),
-        true,
-        None,
-    ));
+    v.push(gcp("a3-megagpu-8g", 208, 1872, 8, Some("H100-80GB"), Some("nvidia-h100-mega-80gb"), true, None));
     // N2 standard: 0.031611 $/h per vCPU + 0.004237 $/h per GB, 4 GB per vCPU.
     for vcpu in [2u32, 4, 8, 16, 32] {
         v.push(gcp(
@@ -403,9 +331,7 @@ impl TryFrom<GpuSharingRepr> for GpuSharing {
         match (r.mig, r.time_slicing) {
             (None, None) => Ok(GpuSharing::None),
             (Some(layout), None) => Ok(GpuSharing::Mig(layout)),
-            (None, Some(t)) => Ok(GpuSharing::TimeSlicing {
-                replicas: t.replicas,
-            }),
+            (None, Some(t)) => Ok(GpuSharing::TimeSlicing { replicas: t.replicas }),
             (Some(_), Some(_)) => Err("give either mig or timeSlicing, not both".into()),
         }
     }
@@ -415,14 +341,10 @@ impl From<GpuSharing> for GpuSharingRepr {
     fn from(s: GpuSharing) -> Self {
         match s {
             GpuSharing::None => Self::default(),
-            GpuSharing::Mig(layout) => Self {
-                mig: Some(layout),
-                time_slicing: None,
-            },
-            GpuSharing::TimeSlicing { replicas } => Self {
-                mig: None,
-                time_slicing: Some(TimeSlicingRepr { replicas }),
-            },
+            GpuSharing::Mig(layout) => Self { mig: Some(layout), time_slicing: None },
+            GpuSharing::TimeSlicing { replicas } => {
+                Self { mig: None, time_slicing: Some(TimeSlicingRepr { replicas }) }
+            }
         }
     }
 }
@@ -493,15 +415,8 @@ pub fn mig_layout(geometry: &MigGeometry, name: &str) -> Option<Vec<MigPlacement
                     .filter(|p| !p.media_extensions && p.compute_slices == c)
                     .min_by_key(|p| p.memory_slices)
             };
-            let sizes: &[u8] = if geometry.memory_slices >= 8 {
-                &[3, 2, 1, 1]
-            } else {
-                &[2, 1, 1]
-            };
-            sizes
-                .iter()
-                .map(|&c| by_compute(c))
-                .collect::<Option<Vec<_>>>()?
+            let sizes: &[u8] = if geometry.memory_slices >= 8 { &[3, 2, 1, 1] } else { &[2, 1, 1] };
+            sizes.iter().map(|&c| by_compute(c)).collect::<Option<Vec<_>>>()?
         }
         _ => {
             let rest = name.strip_prefix("all-")?;
@@ -511,10 +426,7 @@ pub fn mig_layout(geometry: &MigGeometry, name: &str) -> Option<Vec<MigPlacement
             };
             let mut layout = Vec::new();
             while let Some(start) = geometry.best_start(&layout, profile) {
-                layout.push(MigPlacement {
-                    profile: profile.name.to_string(),
-                    start,
-                });
+                layout.push(MigPlacement { profile: profile.name.to_string(), start });
             }
             layout.sort_by_key(|p| p.start);
             return Some(layout);
@@ -523,10 +435,7 @@ pub fn mig_layout(geometry: &MigGeometry, name: &str) -> Option<Vec<MigPlacement
     let mut layout = Vec::new();
     for profile in wanted {
         let start = geometry.best_start(&layout, profile)?;
-        layout.push(MigPlacement {
-            profile: profile.name.to_string(),
-            start,
-        });
+        layout.push(MigPlacement { profile: profile.name.to_string(), start });
     }
     layout.sort_by_key(|p| p.start);
     Some(layout)
@@ -543,9 +452,7 @@ pub fn gpu_mode(spec: &InstanceSpec, sharing: &GpuSharing) -> Result<GpuMode, Sh
             if *replicas == 0 {
                 return Err(SharingError::ZeroReplicas(*replicas));
             }
-            Ok(GpuMode::TimeSliced {
-                replicas: *replicas,
-            })
+            Ok(GpuMode::TimeSliced { replicas: *replicas })
         }
         GpuSharing::Mig(layout) => {
             let model_name = spec.gpu_model.as_deref().ok_or(SharingError::NoGpus)?;
@@ -555,30 +462,22 @@ pub fn gpu_mode(spec: &InstanceSpec, sharing: &GpuSharing) -> Result<GpuMode, Sh
             let model = GpuCatalog
                 .resolve(model_name)
                 .ok_or_else(|| SharingError::UnknownGpuModel(model_name.to_string()))?;
-            let geometry = model
-                .mig
-                .ok_or_else(|| SharingError::NotMigCapable(model.name.to_string()))?;
-            let placements =
-                mig_layout(geometry, layout).ok_or_else(|| SharingError::UnknownLayout {
-                    layout: layout.clone(),
-                    model: model.name.to_string(),
-                    valid: mig_layout_names(geometry).join(", "),
-                })?;
-            geometry
-                .validate(&placements)
-                .map_err(|e| SharingError::InvalidLayout {
-                    layout: layout.clone(),
-                    model: model.name.to_string(),
-                    reason: e.to_string(),
-                })?;
+            let geometry = model.mig.ok_or_else(|| SharingError::NotMigCapable(model.name.to_string()))?;
+            let placements = mig_layout(geometry, layout).ok_or_else(|| SharingError::UnknownLayout {
+                layout: layout.clone(),
+                model: model.name.to_string(),
+                valid: mig_layout_names(geometry).join(", "),
+            })?;
+            geometry.validate(&placements).map_err(|e| SharingError::InvalidLayout {
+                layout: layout.clone(),
+                model: model.name.to_string(),
+                reason: e.to_string(),
+            })?;
             Ok(GpuMode::Mig {
                 dynamic: placements.is_empty(),
                 instances: placements
                     .into_iter()
-                    .map(|placement| MigInstance {
-                        placement,
-                        used: false,
-                    })
+                    .map(|placement| MigInstance { placement, used: false })
                     .collect(),
             })
         }
@@ -612,13 +511,8 @@ pub fn reserved_memory_mib(spec: &InstanceSpec) -> u64 {
                 255
             } else {
                 // (upper bound of the band in MiB, percent of the band reserved)
-                let bands: [(u64, u64); 5] = [
-                    (4 * 1024, 25),
-                    (8 * 1024, 20),
-                    (16 * 1024, 10),
-                    (128 * 1024, 6),
-                    (u64::MAX, 2),
-                ];
+                let bands: [(u64, u64); 5] =
+                    [(4 * 1024, 25), (8 * 1024, 20), (16 * 1024, 10), (128 * 1024, 6), (u64::MAX, 2)];
                 let mut lower = 0u64;
                 let mut reserved = 0u64;
                 for (upper, pct) in bands {
@@ -664,24 +558,14 @@ fn gfd_info(model: &str) -> Option<GfdInfo> {
         "H200-141GB" => ("NVIDIA-H200", 143771, "hopper", (9, 0)),
         _ => return None,
     };
-    Some(GfdInfo {
-        product,
-        memory_mib,
-        family,
-        compute,
-    })
+    Some(GfdInfo { product, memory_mib, family, compute })
 }
 
 /// Region of a zone: `us-east-1a` → `us-east-1` (AWS), `us-central1-a` → `us-central1` (GCP).
 pub fn region_of_zone(cloud: Cloud, zone: &str) -> String {
     match cloud {
-        Cloud::Aws => zone
-            .trim_end_matches(|c: char| c.is_ascii_alphabetic())
-            .to_string(),
-        Cloud::Gcp => zone
-            .rsplit_once('-')
-            .map_or(zone, |(region, _)| region)
-            .to_string(),
+        Cloud::Aws => zone.trim_end_matches(|c: char| c.is_ascii_alphabetic()).to_string(),
+        Cloud::Gcp => zone.rsplit_once('-').map_or(zone, |(region, _)| region).to_string(),
     }
 }
 
@@ -701,19 +585,12 @@ pub fn template_node(
         .gpu_model
         .as_deref()
         .filter(|_| spec.gpus > 0)
-        .map(|m| {
-            GpuCatalog
-                .resolve(m)
-                .ok_or_else(|| SharingError::UnknownGpuModel(m.to_string()))
-        })
+        .map(|m| GpuCatalog.resolve(m).ok_or_else(|| SharingError::UnknownGpuModel(m.to_string())))
         .transpose()?;
     let n = spec.gpus as usize;
     let gpus: Vec<GpuDevice> = match model {
         Some(m) => (0..n)
-            .map(|i| GpuDevice {
-                mode: mode.clone(),
-                ..GpuDevice::standard(i as u8, m.memory_mib)
-            })
+            .map(|i| GpuDevice { mode: mode.clone(), ..GpuDevice::standard(i as u8, m.memory_mib) })
             .collect(),
         None => vec![],
     };
@@ -724,15 +601,9 @@ pub fn template_node(
     };
     set("kubernetes.io/os", "linux".into());
     set("kubernetes.io/arch", "amd64".into());
-    set(
-        "node.kubernetes.io/instance-type",
-        spec.instance_type.clone(),
-    );
+    set("node.kubernetes.io/instance-type", spec.instance_type.clone());
     set("topology.kubernetes.io/zone", zone.to_string());
-    set(
-        "topology.kubernetes.io/region",
-        region_of_zone(spec.cloud, zone),
-    );
+    set("topology.kubernetes.io/region", region_of_zone(spec.cloud, zone));
     if spec.cloud == Cloud::Gcp {
         if let Some(family) = spec.instance_type.split('-').next() {
             set("cloud.google.com/machine-family", family.to_string());
@@ -746,12 +617,7 @@ pub fn template_node(
         let product = info.as_ref().map_or(m.name, |i| i.product);
         set("nvidia.com/gpu.present", "true".into());
         set("nvidia.com/gpu.count", spec.gpus.to_string());
-        set(
-            "nvidia.com/gpu.memory",
-            info.as_ref()
-                .map_or(m.memory_mib, |i| i.memory_mib)
-                .to_string(),
-        );
+        set("nvidia.com/gpu.memory", info.as_ref().map_or(m.memory_mib, |i| i.memory_mib).to_string());
         if let Some(i) = &info {
             set("nvidia.com/gpu.family", i.family.to_string());
             set("nvidia.com/gpu.compute.major", i.compute.0.to_string());
@@ -787,14 +653,8 @@ pub fn template_node(
                     let label = profile.replace('+', ".");
                     set(&format!("nvidia.com/mig-{label}.count"), count.to_string());
                     if let Some(p) = geometry.and_then(|g| g.profile(profile)) {
-                        set(
-                            &format!("nvidia.com/mig-{label}.slices.gi"),
-                            p.compute_slices.to_string(),
-                        );
-                        set(
-                            &format!("nvidia.com/mig-{label}.slices.ci"),
-                            p.compute_slices.to_string(),
-                        );
+                        set(&format!("nvidia.com/mig-{label}.slices.gi"), p.compute_slices.to_string());
+                        set(&format!("nvidia.com/mig-{label}.slices.ci"), p.compute_slices.to_string());
                     }
                 }
             }
@@ -828,11 +688,7 @@ mod tests {
         for s in all() {
             if let Some(m) = &s.gpu_model {
                 let resolved = GpuCatalog.resolve(m).expect(m);
-                assert_eq!(
-                    resolved.name, m,
-                    "{} uses a non-canonical name",
-                    s.instance_type
-                );
+                assert_eq!(resolved.name, m, "{} uses a non-canonical name", s.instance_type);
                 assert!(s.gpus > 0, "{}", s.instance_type);
             } else {
                 assert_eq!(s.gpus, 0, "{}", s.instance_type);
@@ -855,10 +711,7 @@ mod tests {
         let g2 = lookup("g2-standard-4").unwrap();
         assert_eq!(reserved_memory_mib(g2), 2663 + 100);
         // EKS p4d: 11 * 737 + 255 + 100.
-        assert_eq!(
-            reserved_memory_mib(lookup("p4d.24xlarge").unwrap()),
-            8107 + 255 + 100
-        );
+        assert_eq!(reserved_memory_mib(lookup("p4d.24xlarge").unwrap()), 8107 + 255 + 100);
     }
 
     #[test]

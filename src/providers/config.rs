@@ -422,19 +422,15 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ProviderConfig, ConfigE
     let mut files = Vec::new();
     for p in paths {
         let path = p.as_ref().to_path_buf();
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
-            file: path.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|source| ConfigError::Io { file: path.clone(), source })?;
         files.push((path, text));
     }
     load_strs(&files)
 }
 
 /// Parses and validates config texts given as `(file name, contents)`; the names appear in errors.
-pub fn load_strs<P: AsRef<Path>, S: AsRef<str>>(
-    files: &[(P, S)],
-) -> Result<ProviderConfig, ConfigError> {
+pub fn load_strs<P: AsRef<Path>, S: AsRef<str>>(files: &[(P, S)]) -> Result<ProviderConfig, ConfigError> {
     if files.is_empty() {
         return Err(ConfigError::NoFiles);
     }
@@ -456,19 +452,12 @@ pub fn load_strs<P: AsRef<Path>, S: AsRef<str>>(
     if !errors.is_empty() {
         return Err(collapse(errors));
     }
-    let mut v = Validator {
-        errors: Vec::new(),
-        groups: Vec::new(),
-    };
+    let mut v = Validator { errors: Vec::new(), groups: Vec::new() };
     v.validate(&accounts, &sources);
     if !v.errors.is_empty() {
         return Err(collapse(v.errors));
     }
-    Ok(ProviderConfig {
-        accounts,
-        sources,
-        groups: v.groups,
-    })
+    Ok(ProviderConfig { accounts, sources, groups: v.groups })
 }
 
 fn collapse(mut errors: Vec<ConfigError>) -> ConfigError {
@@ -482,19 +471,12 @@ fn collapse(mut errors: Vec<ConfigError>) -> ConfigError {
 fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
     let yaml_err = |e: serde_yaml::Error| {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-        ConfigError::Yaml {
-            file: path.to_path_buf(),
-            line,
-            column,
-            message: e.to_string(),
-        }
+        ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
     };
     // First as a generic value: syntax errors with positions, and empty files (comments only).
     let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
     if value.is_null() {
-        return Err(ConfigError::Empty {
-            file: path.to_path_buf(),
-        });
+        return Err(ConfigError::Empty { file: path.to_path_buf() });
     }
     let file: ConfigFile = serde_yaml::from_str(text).map_err(yaml_err)?;
     if file.accounts.is_empty() {
@@ -523,11 +505,7 @@ impl ProviderConfig {
 
     /// The declared node groups of one account.
     pub fn node_groups_of(&self, account: &str) -> Vec<NodeGroup> {
-        self.groups
-            .iter()
-            .filter(|g| g.account == account)
-            .cloned()
-            .collect()
+        self.groups.iter().filter(|g| g.account == account).cloned().collect()
     }
 
     /// Looks an account up by name.
@@ -545,10 +523,7 @@ impl AccountConfig {
         if let Some(p) = &c.profile {
             CredentialSource::Profile(p.clone())
         } else if let Some(r) = &c.role_arn {
-            CredentialSource::AssumeRole {
-                role_arn: r.clone(),
-                external_id: c.external_id.clone(),
-            }
+            CredentialSource::AssumeRole { role_arn: r.clone(), external_id: c.external_id.clone() }
         } else if let Some(f) = &c.service_account_key_file {
             CredentialSource::ServiceAccountKeyFile(f.clone())
         } else if c.env == Some(true) {
@@ -587,8 +562,7 @@ pub fn resolve_spec(
                 .map(|m| GpuCatalog.resolve(m).map_or(m, |s| s.name).to_string()),
             nvlink: c.nvlink,
             on_demand_usd: c.price.and_then(|p| p.on_demand),
-            max_pods: (cloud == Cloud::Aws)
-                .then_some(c.max_pods.unwrap_or(catalog::DEFAULT_MAX_PODS)),
+            max_pods: (cloud == Cloud::Aws).then_some(c.max_pods.unwrap_or(catalog::DEFAULT_MAX_PODS)),
             accelerator: None,
         }));
     }
@@ -657,12 +631,7 @@ impl Validator {
             _ => {}
         }
         if kind == ProviderKind::Gcp && a.project.as_deref().is_none_or(str::is_empty) {
-            self.err(
-                file,
-                format!("{at}.project"),
-                show(&a.project),
-                "provider gcp needs a project",
-            );
+            self.err(file, format!("{at}.project"), show(&a.project), "provider gcp needs a project");
         }
         if kind != ProviderKind::Gcp && a.project.is_some() {
             self.err(
@@ -693,12 +662,7 @@ impl Validator {
         }
         if let Some(url) = &a.endpoint_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                self.err(
-                    file,
-                    format!("{at}.endpointUrl"),
-                    show(url),
-                    "must be an http:// or https:// URL",
-                );
+                self.err(file, format!("{at}.endpointUrl"), show(url), "must be an http:// or https:// URL");
             }
         }
         if let Some(c) = &a.credentials {
@@ -714,22 +678,12 @@ impl Validator {
                 );
             }
             if r.burst == 0 {
-                self.err(
-                    file,
-                    format!("{at}.rateLimit.burst"),
-                    "0".into(),
-                    "must be at least 1",
-                );
+                self.err(file, format!("{at}.rateLimit.burst"), "0".into(), "must be at least 1");
             }
         }
         if let Some(r) = &a.retry {
             if r.max_attempts == 0 {
-                self.err(
-                    file,
-                    format!("{at}.retry.maxAttempts"),
-                    "0".into(),
-                    "must be at least 1",
-                );
+                self.err(file, format!("{at}.retry.maxAttempts"), "0".into(), "must be at least 1");
             }
             if r.max_delay_ms < r.base_delay_ms {
                 self.err(
@@ -762,8 +716,7 @@ impl Validator {
                     "must be a probability in [0, 1]",
                 );
             }
-            if !(s.spot_interruptions_per_hour.is_finite() && s.spot_interruptions_per_hour >= 0.0)
-            {
+            if !(s.spot_interruptions_per_hour.is_finite() && s.spot_interruptions_per_hour >= 0.0) {
                 self.err(
                     file,
                     format!("{at}.simulation.spotInterruptionsPerHour"),
@@ -802,10 +755,7 @@ impl Validator {
             ("profile", c.profile.is_some()),
             ("roleArn", c.role_arn.is_some()),
             ("env", c.env == Some(true)),
-            (
-                "serviceAccountKeyFile",
-                c.service_account_key_file.is_some(),
-            ),
+            ("serviceAccountKeyFile", c.service_account_key_file.is_some()),
         ]
         .into_iter()
         .filter_map(|(n, on)| on.then_some(n))
@@ -832,10 +782,7 @@ impl Validator {
                 file,
                 at.to_string(),
                 set.join(", "),
-                format!(
-                    "profile and roleArn are aws credentials, provider is {}",
-                    kind.as_str()
-                ),
+                format!("profile and roleArn are aws credentials, provider is {}", kind.as_str()),
             );
         }
         if let Some(f) = &c.service_account_key_file {
@@ -844,10 +791,7 @@ impl Validator {
                     file,
                     format!("{at}.serviceAccountKeyFile"),
                     show(f),
-                    format!(
-                        "serviceAccountKeyFile is a gcp credential, provider is {}",
-                        kind.as_str()
-                    ),
+                    format!("serviceAccountKeyFile is a gcp credential, provider is {}", kind.as_str()),
                 );
             }
         }
@@ -894,20 +838,12 @@ impl Validator {
                     file,
                     format!("{at}.targetSize"),
                     t.to_string(),
-                    format!(
-                        "outside [minSize, maxSize] = [{}, {}]",
-                        g.min_size, g.max_size
-                    ),
+                    format!("outside [minSize, maxSize] = [{}, {}]", g.min_size, g.max_size),
                 );
             }
         }
         if g.zones.is_empty() {
-            self.err(
-                file,
-                format!("{at}.zones"),
-                "[]".into(),
-                "a node group needs at least one zone",
-            );
+            self.err(file, format!("{at}.zones"), "[]".into(), "a node group needs at least one zone");
         }
         // A simulated account may mirror either cloud: catalog types bring theirs. Custom types
         // and real accounts follow the account.
@@ -932,12 +868,7 @@ impl Validator {
         if let Some(s) = &g.instance_spec {
             let sat = format!("{at}.instanceSpec");
             if s.vcpu == 0 {
-                self.err(
-                    file,
-                    format!("{sat}.vcpu"),
-                    "0".into(),
-                    "must be at least 1",
-                );
+                self.err(file, format!("{sat}.vcpu"), "0".into(), "must be at least 1");
             }
             if !(s.memory_gib.is_finite() && s.memory_gib > 0.0) {
                 self.err(
@@ -1059,58 +990,50 @@ impl Validator {
         };
 
         let zone = g.zones.first().cloned().unwrap_or_default();
-        let mut template =
-            match catalog::template_node(&spec, &zone, &g.labels, &g.taints, &g.gpu_sharing) {
-                Ok(t) => t,
-                Err(e) => {
-                    let value = match &g.gpu_sharing {
-                        GpuSharing::Mig(l) => show(l),
-                        GpuSharing::TimeSlicing { replicas } => {
-                            format!("{{timeSlicing: {{replicas: {replicas}}}}}")
-                        }
-                        GpuSharing::None => "none".into(),
-                    };
-                    let field = match &g.gpu_sharing {
-                        GpuSharing::Mig(_) => format!("{at}.gpuSharing.mig"),
-                        GpuSharing::TimeSlicing { .. } => {
-                            format!("{at}.gpuSharing.timeSlicing.replicas")
-                        }
-                        GpuSharing::None => format!("{at}.gpuSharing"),
-                    };
-                    self.err(
-                        file,
-                        field,
-                        value,
-                        format!("{e} (instance type {})", g.instance_type),
-                    );
-                    return;
-                }
-            };
+        let mut template = match catalog::template_node(&spec, &zone, &g.labels, &g.taints, &g.gpu_sharing) {
+            Ok(t) => t,
+            Err(e) => {
+                let value = match &g.gpu_sharing {
+                    GpuSharing::Mig(l) => show(l),
+                    GpuSharing::TimeSlicing { replicas } => {
+                        format!("{{timeSlicing: {{replicas: {replicas}}}}}")
+                    }
+                    GpuSharing::None => "none".into(),
+                };
+                let field = match &g.gpu_sharing {
+                    GpuSharing::Mig(_) => format!("{at}.gpuSharing.mig"),
+                    GpuSharing::TimeSlicing { .. } => {
+                        format!("{at}.gpuSharing.timeSlicing.replicas")
+                    }
+                    GpuSharing::None => format!("{at}.gpuSharing"),
+                };
+                self.err(file, field, value, format!("{e} (instance type {})", g.instance_type));
+                return;
+            }
+        };
         let id = format!("{}/{}", a.name, g.name);
         let capacity_labels: &[(&str, &str)] = match (cloud, g.capacity_type) {
             (Cloud::Aws, CapacityType::OnDemand) => &[
                 ("eks.amazonaws.com/capacityType", "ON_DEMAND"),
                 ("karpenter.sh/capacity-type", "on-demand"),
             ],
-            (Cloud::Aws, CapacityType::Spot) => &[
-                ("eks.amazonaws.com/capacityType", "SPOT"),
-                ("karpenter.sh/capacity-type", "spot"),
-            ],
+            (Cloud::Aws, CapacityType::Spot) => {
+                &[("eks.amazonaws.com/capacityType", "SPOT"), ("karpenter.sh/capacity-type", "spot")]
+            }
             (Cloud::Gcp, CapacityType::OnDemand) => &[],
             (Cloud::Gcp, CapacityType::Spot) => &[("cloud.google.com/gke-spot", "true")],
         };
         for (k, v) in capacity_labels {
-            template
-                .labels
-                .entry(k.to_string())
-                .or_insert_with(|| v.to_string());
+            template.labels.entry(k.to_string()).or_insert_with(|| v.to_string());
         }
-        if cloud == Cloud::Gcp {
-            template
-                .labels
-                .entry("cloud.google.com/gke-nodepool".into())
-                .or_insert_with(|| g.name.clone());
-        }
+        // The node-group label the cloud's managed node groups put on their nodes, so that pods
+        // selecting a group by it match the group's new nodes.
+        let group_label = match cloud {
+            Cloud::Gcp => "cloud.google.com/gke-nodepool",
+            _ => "eks.amazonaws.com/nodegroup",
+        };
+        template.labels.entry(group_label.into()).or_insert_with(|| g.name.clone());
+        template.labels.entry("gpuscale.io/node-group".into()).or_insert_with(|| g.name.clone());
         template.name = format!("{}-template", id.replace('/', "-"));
         template.node_group = Some(id.clone());
         self.groups.push(NodeGroup {

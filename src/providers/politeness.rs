@@ -43,9 +43,7 @@ pub struct TokioClock {
 impl TokioClock {
     /// A clock whose epoch is now.
     pub fn new() -> Self {
-        Self {
-            epoch: tokio::time::Instant::now(),
-        }
+        Self { epoch: tokio::time::Instant::now() }
     }
 }
 
@@ -150,10 +148,8 @@ pub struct BackingOff {
 /// Full-jitter exponential backoff: a uniform share `unit` in `[0, 1)` of
 /// `min(cap, base * 2^attempt)`, where `attempt` counts from 0 for the first retry.
 pub fn full_jitter(attempt: u32, base: Duration, cap: Duration, unit: f64) -> Duration {
-    let ceiling = base
-        .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
-        .unwrap_or(cap)
-        .min(cap);
+    let ceiling =
+        base.checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX)).unwrap_or(cap).min(cap);
     ceiling.mul_f64(unit.clamp(0.0, 1.0))
 }
 
@@ -213,12 +209,9 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         let clock = Arc::new(clock);
         let limiter = config.rate_limit.and_then(|r| {
             let period = Duration::from_secs_f64(1.0 / r.requests_per_second);
-            let quota = Quota::with_period(period)?
-                .allow_burst(NonZeroU32::new(r.burst).unwrap_or(NonZeroU32::MIN));
-            Some(RateLimiter::direct_with_clock(
-                quota,
-                GovernorClock(clock.clone()),
-            ))
+            let quota =
+                Quota::with_period(period)?.allow_burst(NonZeroU32::new(r.burst).unwrap_or(NonZeroU32::MIN));
+            Some(RateLimiter::direct_with_clock(quota, GovernorClock(clock.clone())))
         });
         Self {
             inner,
@@ -256,16 +249,10 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         zone: &str,
         capacity_type: CapacityType,
     ) -> bool {
-        let key = Offering {
-            instance_type: instance_type.to_string(),
-            zone: zone.to_string(),
-            capacity_type,
-        };
+        let key =
+            Offering { instance_type: instance_type.to_string(), zone: zone.to_string(), capacity_type };
         let now = self.clock.now();
-        self.lock()
-            .unavailable
-            .get(&key)
-            .is_none_or(|&until| until <= now)
+        self.lock().unavailable.get(&key).is_none_or(|&until| until <= now)
     }
 
     /// Offerings currently marked unavailable, with the time the mark expires.
@@ -281,8 +268,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
 
     /// Marks an offering unavailable for the configured time.
     pub fn mark_unavailable(&self, offering: Offering) {
-        let until = self.clock.now()
-            + Duration::from_secs(self.config.backoff.unavailable_offering_seconds);
+        let until = self.clock.now() + Duration::from_secs(self.config.backoff.unavailable_offering_seconds);
         tracing::info!(?offering, ?until, "offering marked unavailable");
         self.lock().unavailable.insert(offering, until);
     }
@@ -290,11 +276,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
     /// The group's active scale-up backoff, if any.
     pub fn group_backoff(&self, group: &str) -> Option<GroupBackoff> {
         let now = self.clock.now();
-        self.lock()
-            .backoff
-            .get(group)
-            .copied()
-            .filter(|b| b.until > now)
+        self.lock().backoff.get(group).copied().filter(|b| b.until > now)
     }
 
     /// Records a failed scale-up of a group (also used by callers that detect failures the cloud
@@ -309,18 +291,8 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
             Duration::from_secs(b.scale_up_failure_base_seconds),
             Duration::from_secs(b.scale_up_failure_max_seconds),
         );
-        let entry = GroupBackoff {
-            failures,
-            until: now + delay,
-            class,
-        };
-        tracing::warn!(
-            group,
-            failures,
-            ?delay,
-            ?class,
-            "scale-up failed; backing off"
-        );
+        let entry = GroupBackoff { failures, until: now + delay, class };
+        tracing::warn!(group, failures, ?delay, ?class, "scale-up failed; backing off");
         s.backoff.insert(group.to_string(), entry);
         entry
     }
@@ -369,9 +341,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
                 return Err(err);
             }
             let delay = match &err {
-                ProviderError::Throttled {
-                    retry_after: Some(d),
-                } => *d,
+                ProviderError::Throttled { retry_after: Some(d) } => *d,
                 _ => {
                     let unit = self.lock().rng.random::<f64>();
                     full_jitter(
@@ -440,11 +410,8 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
                 if let Some(class) = class_seen {
                     failed_groups.push((g.id.clone(), class));
                 } else {
-                    let running = g
-                        .instances
-                        .iter()
-                        .filter(|i| i.state == InstanceState::Running)
-                        .count() as u32;
+                    let running =
+                        g.instances.iter().filter(|i| i.state == InstanceState::Running).count() as u32;
                     let expired = s.backoff.get(&g.id).is_some_and(|b| b.until <= now);
                     if expired && running >= g.target_size {
                         s.backoff.remove(&g.id);
@@ -515,11 +482,7 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
             tracing::info!(group, target, error = %e, "scale-up refused");
             return Err(e);
         }
-        let result = self
-            .call("set_target_size", || {
-                self.inner.set_target_size(group, target)
-            })
-            .await;
+        let result = self.call("set_target_size", || self.inner.set_target_size(group, target)).await;
         match &result {
             Ok(()) => {
                 if let Some(info) = self.lock().groups.get_mut(group) {
@@ -544,15 +507,8 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
         result
     }
 
-    async fn delete_instances(
-        &self,
-        group: &str,
-        instances: &[String],
-    ) -> Result<(), ProviderError> {
-        self.call("delete_instances", || {
-            self.inner.delete_instances(group, instances)
-        })
-        .await?;
+    async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
+        self.call("delete_instances", || self.inner.delete_instances(group, instances)).await?;
         if let Some(info) = self.lock().groups.get_mut(group) {
             info.target_size = info.target_size.saturating_sub(instances.len() as u32);
         }
@@ -610,22 +566,13 @@ mod tests {
     }
 
     fn server_error() -> ProviderError {
-        ProviderError::Api {
-            op: "SetDesiredCapacity",
-            source: "HTTP 503".into(),
-            retryable: true,
-        }
+        ProviderError::Api { op: "SetDesiredCapacity", source: "HTTP 503".into(), retryable: true }
     }
 
     fn config(max_attempts: u32) -> PolitenessConfig {
         PolitenessConfig {
             rate_limit: None,
-            retry: RetryConfig {
-                max_attempts,
-                base_delay_ms: 100,
-                max_delay_ms: 2_000,
-                seed: 3,
-            },
+            retry: RetryConfig { max_attempts, base_delay_ms: 100, max_delay_ms: 2_000, seed: 3 },
             backoff: BackoffConfig::default(),
         }
     }
@@ -650,10 +597,7 @@ mod tests {
     fn jitter_and_backoff_bounds() {
         let base = Duration::from_millis(100);
         let cap = Duration::from_secs(2);
-        assert_eq!(
-            full_jitter(0, base, cap, 0.999_999),
-            base.mul_f64(0.999_999)
-        );
+        assert_eq!(full_jitter(0, base, cap, 0.999_999), base.mul_f64(0.999_999));
         assert_eq!(full_jitter(3, base, cap, 0.5), Duration::from_millis(400));
         assert_eq!(full_jitter(10, base, cap, 0.5), Duration::from_secs(1));
         assert_eq!(full_jitter(60, base, cap, 1.0), cap);
@@ -662,37 +606,22 @@ mod tests {
         assert_eq!(group_backoff_delay(1, b, m), b);
         assert_eq!(group_backoff_delay(3, b, m), Duration::from_secs(240));
         assert_eq!(group_backoff_delay(40, b, m), m);
-        assert_eq!(
-            zone_of_provider_id("aws:///us-east-1a/i-0abc"),
-            Some("us-east-1a")
-        );
-        assert_eq!(
-            zone_of_provider_id("gce://proj/us-central1-a/vm-1"),
-            Some("us-central1-a")
-        );
+        assert_eq!(zone_of_provider_id("aws:///us-east-1a/i-0abc"), Some("us-east-1a"));
+        assert_eq!(zone_of_provider_id("gce://proj/us-central1-a/vm-1"), Some("us-central1-a"));
         assert_eq!(zone_of_provider_id("i-0abc"), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn retries_then_succeeds() {
         let clock = TokioClock::new();
-        let inner = Scripted::new(
-            vec![Err(server_error()), Err(server_error()), Ok(())],
-            clock,
-        );
+        let inner = Scripted::new(vec![Err(server_error()), Err(server_error()), Ok(())], clock);
         let p = Polite::with_clock(inner, config(5), clock);
         p.set_target_size("acct/gpu", 3).await.unwrap();
         assert_eq!(p.inner().calls.load(Ordering::SeqCst), 3);
         let times = p.inner().times.lock().unwrap().clone();
         // Full jitter: each wait is below its ceiling (100 ms, then 200 ms).
-        assert!(
-            times[1] - times[0] <= Duration::from_millis(100),
-            "{times:?}"
-        );
-        assert!(
-            times[2] - times[1] <= Duration::from_millis(200),
-            "{times:?}"
-        );
+        assert!(times[1] - times[0] <= Duration::from_millis(100), "{times:?}");
+        assert!(times[2] - times[1] <= Duration::from_millis(200), "{times:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -704,15 +633,9 @@ mod tests {
         assert!(err.is_retryable());
         assert_eq!(p.inner().calls.load(Ordering::SeqCst), 4);
 
-        let inner = Scripted::new(
-            vec![Err(ProviderError::GroupNotFound("acct/gpu".into()))],
-            clock,
-        );
+        let inner = Scripted::new(vec![Err(ProviderError::GroupNotFound("acct/gpu".into()))], clock);
         let p = Polite::with_clock(inner, config(4), clock);
-        assert!(matches!(
-            p.set_target_size("acct/gpu", 3).await,
-            Err(ProviderError::GroupNotFound(_))
-        ));
+        assert!(matches!(p.set_target_size("acct/gpu", 3).await, Err(ProviderError::GroupNotFound(_))));
         assert_eq!(p.inner().calls.load(Ordering::SeqCst), 1);
     }
 
@@ -720,15 +643,11 @@ mod tests {
     async fn honours_retry_after() {
         let clock = TokioClock::new();
         let inner = Scripted::new(
-            vec![Err(ProviderError::Throttled {
-                retry_after: Some(Duration::from_secs(7)),
-            })],
+            vec![Err(ProviderError::Throttled { retry_after: Some(Duration::from_secs(7)) })],
             clock,
         );
         let p = Polite::with_clock(inner, config(3), clock);
-        p.delete_instances("acct/gpu", &["i-1".into()])
-            .await
-            .unwrap();
+        p.delete_instances("acct/gpu", &["i-1".into()]).await.unwrap();
         let times = p.inner().times.lock().unwrap().clone();
         assert_eq!(times.len(), 2);
         assert!(times[1] - times[0] >= Duration::from_secs(7), "{times:?}");
@@ -739,10 +658,7 @@ mod tests {
         let clock = TokioClock::new();
         let inner = Scripted::new(vec![], clock);
         let mut cfg = config(1);
-        cfg.rate_limit = Some(RateLimitConfig {
-            requests_per_second: 2.0,
-            burst: 2,
-        });
+        cfg.rate_limit = Some(RateLimitConfig { requests_per_second: 2.0, burst: 2 });
         let p = Polite::with_clock(inner, cfg, clock);
         for _ in 0..6 {
             p.refresh().await.unwrap();
@@ -753,10 +669,7 @@ mod tests {
         for w in times[2..].windows(2) {
             assert!(w[1] - w[0] >= Duration::from_millis(499), "{times:?}");
         }
-        assert!(
-            times[5] - times[0] >= Duration::from_millis(1999),
-            "{times:?}"
-        );
+        assert!(times[5] - times[0] >= Duration::from_millis(1999), "{times:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -781,9 +694,7 @@ mod tests {
         assert_eq!(p.group_backoff("acct/gpu").unwrap().failures, 1);
         // Scale-up refused while backing off; scale-down still allowed.
         let err = p.set_target_size("acct/gpu", 2).await.unwrap_err();
-        let ProviderError::Api { source, .. } = &err else {
-            panic!("{err}")
-        };
+        let ProviderError::Api { source, .. } = &err else { panic!("{err}") };
         assert!(source.downcast_ref::<BackingOff>().is_some());
         p.set_target_size("acct/gpu", 0).await.unwrap();
 

@@ -175,11 +175,7 @@ fn occupies_slot(s: &InstanceState) -> bool {
 impl SimulatedCloud {
     /// A simulated account with `groups`; each group starts with `target_size` running instances
     /// (an existing cluster), spread over its zones.
-    pub fn new(
-        account: impl Into<String>,
-        groups: Vec<NodeGroup>,
-        settings: SimulationSettings,
-    ) -> Self {
+    pub fn new(account: impl Into<String>, groups: Vec<NodeGroup>, settings: SimulationSettings) -> Self {
         let mut state = State {
             now: Duration::ZERO,
             rng: ChaCha8Rng::seed_from_u64(settings.seed),
@@ -194,10 +190,7 @@ impl SimulatedCloud {
             state.groups.insert(
                 id.clone(),
                 SimGroup {
-                    group: NodeGroup {
-                        instances: vec![],
-                        ..g
-                    },
+                    group: NodeGroup { instances: vec![], ..g },
                     aws_ids,
                     instances: vec![],
                     launched: 0,
@@ -211,10 +204,7 @@ impl SimulatedCloud {
                 }
             }
         }
-        Self {
-            account: account.into(),
-            state: Mutex::new(state),
-        }
+        Self { account: account.into(), state: Mutex::new(state) }
     }
 
     /// One simulated cloud per `simulated` account of a config, with the account's declared groups
@@ -225,11 +215,7 @@ impl SimulatedCloud {
             .iter()
             .filter(|a| a.provider == ProviderKind::Simulated)
             .map(|a| {
-                let settings = a
-                    .simulation
-                    .as_ref()
-                    .map(SimulationSettings::from)
-                    .unwrap_or_default();
+                let settings = a.simulation.as_ref().map(SimulationSettings::from).unwrap_or_default();
                 SimulatedCloud::new(a.name.clone(), config.node_groups_of(&a.name), settings)
             })
             .collect()
@@ -296,10 +282,7 @@ impl State {
                 instances: g
                     .instances
                     .iter()
-                    .map(|i| Instance {
-                        id: i.id.clone(),
-                        state: i.state.clone(),
-                    })
+                    .map(|i| Instance { id: i.id.clone(), state: i.state.clone() })
                     .collect(),
                 ..g.group.clone()
             })
@@ -315,10 +298,7 @@ impl State {
     }
 
     fn zone_has_room(&self, zone: &str) -> bool {
-        self.settings
-            .zone_capacity
-            .get(zone)
-            .is_none_or(|&cap| self.live_in_zone(zone) < cap)
+        self.settings.zone_capacity.get(zone).is_none_or(|&cap| self.live_in_zone(zone) < cap)
     }
 
     /// The zone a new instance goes to: the group's zone with the fewest instances (as an ASG
@@ -328,12 +308,7 @@ impl State {
             return String::new();
         };
         // Failed launches count too, so retries move on to other zones as an ASG does.
-        let count = |z: &str| {
-            g.instances
-                .iter()
-                .filter(|i| i.zone == z && occupies_slot(&i.state))
-                .count()
-        };
+        let count = |z: &str| g.instances.iter().filter(|i| i.zone == z && occupies_slot(&i.state)).count();
         let by_balance = |zones: &mut Vec<&String>| zones.sort_by_key(|z| count(z));
         let mut zones: Vec<&String> = g.group.zones.iter().collect();
         by_balance(&mut zones);
@@ -356,12 +331,7 @@ impl State {
             let name = g.group.id.rsplit('/').next().unwrap_or(&g.group.id);
             format!("sim:///{zone}/{name}-{:04}", g.launched)
         };
-        SimInstance {
-            id,
-            zone,
-            state,
-            created: now,
-        }
+        SimInstance { id, zone, state, created: now }
     }
 
     /// Launches instances until the group's slots match its target, or terminates the surplus.
@@ -370,11 +340,7 @@ impl State {
             return;
         };
         let target = g.group.target_size as usize;
-        let slots = g
-            .instances
-            .iter()
-            .filter(|i| occupies_slot(&i.state))
-            .count();
+        let slots = g.instances.iter().filter(|i| occupies_slot(&i.state)).count();
         if slots < target {
             for _ in slots..target {
                 self.launch(group);
@@ -388,11 +354,7 @@ impl State {
 
     fn launch(&mut self, group: &str) {
         let zone = self.pick_zone(group, true);
-        let instance_type = self
-            .groups
-            .get(group)
-            .map(|g| g.group.instance_type.clone())
-            .unwrap_or_default();
+        let instance_type = self.groups.get(group).map(|g| g.group.instance_type.clone()).unwrap_or_default();
         let failure = if !self.zone_has_room(&zone) {
             Some(format!(
                 "InsufficientInstanceCapacity: zone capacity of {zone} is exhausted for {instance_type}"
@@ -407,10 +369,9 @@ impl State {
             None
         };
         let state = match &failure {
-            Some(message) => InstanceState::Failed {
-                class: ErrorClass::OutOfCapacity,
-                message: message.clone(),
-            },
+            Some(message) => {
+                InstanceState::Failed { class: ErrorClass::OutOfCapacity, message: message.clone() }
+            }
             None => InstanceState::Pending,
         };
         let inst = self.new_instance(group, zone, state);
@@ -420,15 +381,8 @@ impl State {
         }
         let group = group.to_string();
         self.record(match failure {
-            Some(message) => Operation::LaunchFailed {
-                group,
-                instance: id,
-                message,
-            },
-            None => Operation::Launched {
-                group,
-                instance: id,
-            },
+            Some(message) => Operation::LaunchFailed { group, instance: id, message },
+            None => Operation::Launched { group, instance: id },
         });
     }
 
@@ -471,17 +425,13 @@ impl State {
         } else {
             g.instances[idx].state = InstanceState::Terminating;
         }
-        self.record(Operation::Terminated {
-            group: group.to_string(),
-            instance: id,
-        });
+        self.record(Operation::Terminated { group: group.to_string(), instance: id });
     }
 
     fn advance(&mut self, dt: Duration) {
         // Instances terminated before this step are gone now.
         for g in self.groups.values_mut() {
-            g.instances
-                .retain(|i| i.state != InstanceState::Terminating);
+            g.instances.retain(|i| i.state != InstanceState::Terminating);
         }
         self.now += dt;
         let now = self.now;
@@ -491,10 +441,7 @@ impl State {
             for i in &mut g.instances {
                 if i.state == InstanceState::Pending && i.created + boot <= now {
                     i.state = InstanceState::Running;
-                    events.push(Operation::Running {
-                        group: id.clone(),
-                        instance: i.id.clone(),
-                    });
+                    events.push(Operation::Running { group: id.clone(), instance: i.id.clone() });
                 }
             }
         }
@@ -512,19 +459,14 @@ impl State {
                 for k in 0..n {
                     let g = &self.groups[&gid];
                     let i = &g.instances[k];
-                    if g.group.capacity_type != CapacityType::Spot
-                        || i.state != InstanceState::Running
-                    {
+                    if g.group.capacity_type != CapacityType::Spot || i.state != InstanceState::Running {
                         continue;
                     }
                     if self.rng.random::<f64>() < p {
                         let g = self.groups.get_mut(&gid).expect("group exists");
                         g.instances[k].state = InstanceState::Terminating;
                         let instance = g.instances[k].id.clone();
-                        self.record(Operation::SpotInterrupted {
-                            group: gid.clone(),
-                            instance,
-                        });
+                        self.record(Operation::SpotInterrupted { group: gid.clone(), instance });
                     }
                 }
             }
@@ -532,9 +474,8 @@ impl State {
         // Failed launches are retried after the retry delay.
         let retry = self.settings.launch_retry;
         for g in self.groups.values_mut() {
-            g.instances.retain(|i| {
-                !(matches!(i.state, InstanceState::Failed { .. }) && i.created + retry <= now)
-            });
+            g.instances
+                .retain(|i| !(matches!(i.state, InstanceState::Failed { .. }) && i.created + retry <= now));
         }
         let ids: Vec<String> = self.groups.keys().cloned().collect();
         for gid in ids {
@@ -579,10 +520,8 @@ impl State {
         idxs.sort_unstable();
         idxs.dedup();
         // Instances already terminating were deleted by an earlier (retried) call.
-        let fresh: Vec<usize> = idxs
-            .into_iter()
-            .filter(|&i| g.instances[i].state != InstanceState::Terminating)
-            .collect();
+        let fresh: Vec<usize> =
+            idxs.into_iter().filter(|&i| g.instances[i].state != InstanceState::Terminating).collect();
         let n = fresh.len() as u32;
         let new_target = g.group.target_size.saturating_sub(n);
         if new_target < g.group.min_size {
@@ -606,10 +545,7 @@ impl State {
         }
         terminated.reverse();
         for instance in terminated {
-            self.record(Operation::Terminated {
-                group: group.to_string(),
-                instance,
-            });
+            self.record(Operation::Terminated { group: group.to_string(), instance });
         }
         Ok(())
     }
@@ -630,31 +566,17 @@ impl CloudProvider for SimulatedCloud {
         let mut s = self.lock();
         let from = s.groups.get(group).map_or(0, |g| g.group.target_size);
         let index = s.log.len();
-        s.record(Operation::SetTargetSize {
-            group: group.to_string(),
-            from,
-            to: target,
-            error: None,
-        });
+        s.record(Operation::SetTargetSize { group: group.to_string(), from, to: target, error: None });
         let result = s.set_target_size(group, target);
-        if let (
-            Err(e),
-            Some(OperationRecord {
-                op: Operation::SetTargetSize { error, .. },
-                ..
-            }),
-        ) = (&result, s.log.get_mut(index))
+        if let (Err(e), Some(OperationRecord { op: Operation::SetTargetSize { error, .. }, .. })) =
+            (&result, s.log.get_mut(index))
         {
             *error = Some(e.to_string());
         }
         result
     }
 
-    async fn delete_instances(
-        &self,
-        group: &str,
-        instances: &[String],
-    ) -> Result<(), ProviderError> {
+    async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
         let mut s = self.lock();
         let index = s.log.len();
         s.record(Operation::DeleteInstances {
@@ -663,13 +585,8 @@ impl CloudProvider for SimulatedCloud {
             error: None,
         });
         let result = s.delete_instances(group, instances);
-        if let (
-            Err(e),
-            Some(OperationRecord {
-                op: Operation::DeleteInstances { error, .. },
-                ..
-            }),
-        ) = (&result, s.log.get_mut(index))
+        if let (Err(e), Some(OperationRecord { op: Operation::DeleteInstances { error, .. }, .. })) =
+            (&result, s.log.get_mut(index))
         {
             *error = Some(e.to_string());
         }

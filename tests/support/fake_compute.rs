@@ -168,12 +168,8 @@ impl FakeCompute {
     pub async fn start(project: &str) -> FakeCompute {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| {
-                panic!("fake Compute server: cannot bind a TCP socket on 127.0.0.1: {e}")
-            });
-        let addr = listener
-            .local_addr()
-            .expect("fake Compute server: local address");
+            .unwrap_or_else(|e| panic!("fake Compute server: cannot bind a TCP socket on 127.0.0.1: {e}"));
+        let addr = listener.local_addr().expect("fake Compute server: local address");
         let inner = Arc::new(Mutex::new(Inner {
             project: project.to_string(),
             page_size: 500,
@@ -182,15 +178,9 @@ impl FakeCompute {
         }));
         let app = Router::new().fallback(handle).with_state(inner.clone());
         let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .await
-                .expect("fake Compute server stopped");
+            axum::serve(listener, app).await.expect("fake Compute server stopped");
         });
-        FakeCompute {
-            addr,
-            inner,
-            server,
-        }
+        FakeCompute { addr, inner, server }
     }
 
     /// `http://127.0.0.1:<port>`, the endpoint override for the client.
@@ -204,10 +194,7 @@ impl FakeCompute {
 
     /// Serves a machine type in a zone.
     pub fn add_machine_type(&self, zone: &str, spec: MachineTypeSpec) {
-        self.with(|s| {
-            s.machine_types
-                .insert((zone.to_string(), spec.name.clone()), spec)
-        });
+        self.with(|s| s.machine_types.insert((zone.to_string(), spec.name.clone()), spec));
     }
 
     /// Serves a global instance template.
@@ -216,14 +203,7 @@ impl FakeCompute {
     }
 
     /// Creates a MIG with `size` RUNNING instances.
-    pub fn add_mig(
-        &self,
-        zone: &str,
-        name: &str,
-        template: &str,
-        size: i64,
-        description: Option<&str>,
-    ) {
+    pub fn add_mig(&self, zone: &str, name: &str, template: &str, size: i64, description: Option<&str>) {
         self.with(|s| {
             let id = s.id();
             let mut mig = Mig {
@@ -252,14 +232,7 @@ impl FakeCompute {
 
     /// The next operation on the MIG finishes DONE with this error code, its HTTP status and
     /// message, and changes nothing.
-    pub fn fail_next_operation(
-        &self,
-        zone: &str,
-        mig: &str,
-        code: &str,
-        http_status: i64,
-        message: &str,
-    ) {
+    pub fn fail_next_operation(&self, zone: &str, mig: &str, code: &str, http_status: i64, message: &str) {
         let http_message = match http_status {
             403 => "FORBIDDEN",
             429 => "TOO MANY REQUESTS",
@@ -270,12 +243,8 @@ impl FakeCompute {
             s.migs
                 .get_mut(&(zone.to_string(), mig.to_string()))
                 .expect("fail_next_operation: no such MIG")
-                .fail_next_operation = Some((
-                code.to_string(),
-                message.to_string(),
-                http_status,
-                http_message.to_string(),
-            ))
+                .fail_next_operation =
+                Some((code.to_string(), message.to_string(), http_status, http_message.to_string()))
         });
     }
 
@@ -320,34 +289,17 @@ impl FakeCompute {
             s.migs[&(zone.to_string(), mig.to_string())]
                 .instances
                 .iter()
-                .map(|i| {
-                    (
-                        i.name.clone(),
-                        i.action.to_string(),
-                        i.status.map(str::to_string),
-                    )
-                })
+                .map(|i| (i.name.clone(), i.action.to_string(), i.status.map(str::to_string)))
                 .collect()
         })
     }
 }
 
-fn new_instance(
-    s: &mut Inner,
-    mig: &Mig,
-    action: &'static str,
-    status: Option<&'static str>,
-) -> Inst {
+fn new_instance(s: &mut Inner, mig: &Mig, action: &'static str, status: Option<&'static str>) -> Inst {
     let id = s.id();
     // Managed instance names are the base instance name plus a 4-character suffix.
     let suffix: String = format!("{:04x}", id % 0xffff);
-    Inst {
-        name: format!("{}-{suffix}", mig.name),
-        id,
-        action,
-        status,
-        errors: vec![],
-    }
+    Inst { name: format!("{}-{suffix}", mig.name), id, action, status, errors: vec![] }
 }
 
 fn compute_error(status: StatusCode, reason: &str, message: &str) -> Response {
@@ -358,20 +310,11 @@ fn compute_error(status: StatusCode, reason: &str, message: &str) -> Response {
             "errors": [{ "message": message, "domain": if status == StatusCode::TOO_MANY_REQUESTS { "usageLimits" } else { "global" }, "reason": reason }]
         }
     });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json; charset=UTF-8")],
-        body.to_string(),
-    )
-        .into_response()
+    (status, [(header::CONTENT_TYPE, "application/json; charset=UTF-8")], body.to_string()).into_response()
 }
 
 fn ok_json(v: Value) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json; charset=UTF-8")],
-        v.to_string(),
-    )
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json; charset=UTF-8")], v.to_string())
         .into_response()
 }
 
@@ -431,10 +374,7 @@ fn zone_url(project: &str, zone: &str) -> String {
 fn mig_json(project: &str, m: &Mig) -> Value {
     let zurl = zone_url(project, &m.zone);
     let count = |a: &str| m.instances.iter().filter(|i| i.action == a).count();
-    let template_url = format!(
-        "{API}/projects/{project}/global/instanceTemplates/{}",
-        m.template
-    );
+    let template_url = format!("{API}/projects/{project}/global/instanceTemplates/{}", m.template);
     let mut v = json!({
         "kind": "compute#instanceGroupManager",
         "id": m.id.to_string(),
@@ -618,21 +558,14 @@ fn page<T: Clone>(
 /// `name eq "<prefix>.*"` (the RE2 full-match filter syntax of Compute list calls), restricted to
 /// the prefix form the provider uses.
 fn name_filter(filter: &str) -> Result<String, String> {
-    let rest = filter
-        .strip_prefix("name eq ")
-        .ok_or_else(|| format!("unsupported filter {filter:?}"))?;
+    let rest = filter.strip_prefix("name eq ").ok_or_else(|| format!("unsupported filter {filter:?}"))?;
     let lit = rest
         .strip_prefix('"')
         .and_then(|r| r.strip_suffix('"'))
         .or_else(|| rest.strip_prefix('\'').and_then(|r| r.strip_suffix('\'')))
         .unwrap_or(rest);
-    let prefix = lit
-        .strip_suffix(".*")
-        .ok_or_else(|| format!("unsupported filter regex {lit:?}"))?;
-    if prefix
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
+    let prefix = lit.strip_suffix(".*").ok_or_else(|| format!("unsupported filter regex {lit:?}"))?;
+    if prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
         Ok(prefix.to_string())
     } else {
         Err(format!("unsupported filter regex {lit:?}"))
@@ -641,23 +574,11 @@ fn name_filter(filter: &str) -> Result<String, String> {
 
 fn violation(s: &mut Inner, status: StatusCode, what: String) -> Response {
     s.violations.push(what.clone());
-    compute_error(
-        status,
-        if status == StatusCode::NOT_FOUND {
-            "notFound"
-        } else {
-            "invalid"
-        },
-        &what,
-    )
+    compute_error(status, if status == StatusCode::NOT_FOUND { "notFound" } else { "invalid" }, &what)
 }
 
 fn not_found(resource: &str) -> Response {
-    compute_error(
-        StatusCode::NOT_FOUND,
-        "notFound",
-        &format!("The resource '{resource}' was not found"),
-    )
+    compute_error(StatusCode::NOT_FOUND, "notFound", &format!("The resource '{resource}' was not found"))
 }
 
 fn empty_body_ok(body: &str) -> bool {
@@ -672,11 +593,7 @@ fn poll(s: &mut Inner, zone: &str, name: &str) -> Option<Value> {
     let op = s.ops.get_mut(&key)?;
     if op.status != "DONE" {
         op.polls_left = op.polls_left.saturating_sub(1);
-        op.status = if op.polls_left == 0 {
-            "DONE"
-        } else {
-            "RUNNING"
-        };
+        op.status = if op.polls_left == 0 { "DONE" } else { "RUNNING" };
         if op.status == "DONE" {
             let op = op.clone();
             if let Some(m) = s.migs.get_mut(&(op.zone.clone(), op.mig.clone())) {
@@ -701,10 +618,8 @@ fn poll(s: &mut Inner, zone: &str, name: &str) -> Option<Value> {
 
 fn start_op(s: &mut Inner, zone: &str, mig: &str, op_type: &'static str, effect: Effect) -> Value {
     let id = s.id();
-    let error = s
-        .migs
-        .get_mut(&(zone.to_string(), mig.to_string()))
-        .and_then(|m| m.fail_next_operation.take());
+    let error =
+        s.migs.get_mut(&(zone.to_string(), mig.to_string())).and_then(|m| m.fail_next_operation.take());
     let name = format!("operation-1767634200000-{id:x}-fake");
     let op = Op {
         name: name.clone(),
@@ -714,11 +629,7 @@ fn start_op(s: &mut Inner, zone: &str, mig: &str, op_type: &'static str, effect:
         op_type,
         status: "PENDING",
         polls_left: s.polls_to_done.max(1),
-        effect: if error.is_some() {
-            Effect::Failed
-        } else {
-            effect
-        },
+        effect: if error.is_some() { Effect::Failed } else { effect },
         error,
     };
     let project = s.project.clone();
@@ -727,12 +638,7 @@ fn start_op(s: &mut Inner, zone: &str, mig: &str, op_type: &'static str, effect:
     v
 }
 
-async fn handle(
-    State(inner): State<Arc<Mutex<Inner>>>,
-    method: Method,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
+async fn handle(State(inner): State<Arc<Mutex<Inner>>>, method: Method, uri: Uri, body: Bytes) -> Response {
     let mut s = inner.lock().expect("fake state");
     let path = uri.path().to_string();
     let q = parse_query(uri.query());
@@ -754,18 +660,13 @@ async fn handle(
         let status = StatusCode::from_u16(f.status).expect("fault status");
         let mut resp = compute_error(status, f.reason, &f.message);
         if let Some(secs) = f.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         return resp;
     }
 
     let Some(rest) = path.strip_prefix("/compute/v1/projects/") else {
-        return violation(
-            &mut s,
-            StatusCode::NOT_FOUND,
-            format!("{method} {path}: not a Compute v1 path"),
-        );
+        return violation(&mut s, StatusCode::NOT_FOUND, format!("{method} {path}: not a Compute v1 path"));
     };
     let segs: Vec<&str> = rest.split('/').collect();
     if segs[0] != s.project {
@@ -775,23 +676,14 @@ async fn handle(
     let m = method.as_str();
     match (m, &segs[1..]) {
         ("GET", ["zones", zone, "instanceGroupManagers"]) => {
-            if let Err(e) = check_query(
-                &q,
-                &[
-                    "filter",
-                    "maxResults",
-                    "pageToken",
-                    "orderBy",
-                    "returnPartialSuccess",
-                ],
-            ) {
+            if let Err(e) =
+                check_query(&q, &["filter", "maxResults", "pageToken", "orderBy", "returnPartialSuccess"])
+            {
                 return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}"));
             }
             let prefix = match q.get("filter").map(|f| name_filter(f)).transpose() {
                 Ok(p) => p.unwrap_or_default(),
-                Err(e) => {
-                    return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}"))
-                }
+                Err(e) => return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}")),
             };
             let items: Vec<Value> = s
                 .migs
@@ -801,9 +693,7 @@ async fn handle(
                 .collect();
             let (items, next) = match page(&items, &q, s.page_size) {
                 Ok(p) => p,
-                Err(e) => {
-                    return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}"))
-                }
+                Err(e) => return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}")),
             };
             let zurl = zone_url(&project, zone);
             let mut v = json!({
@@ -823,22 +713,13 @@ async fn handle(
             }
             match s.migs.get(&(zone.to_string(), name.to_string())) {
                 Some(g) => ok_json(mig_json(&project, g)),
-                None => not_found(&format!(
-                    "projects/{project}/zones/{zone}/instanceGroupManagers/{name}"
-                )),
+                None => not_found(&format!("projects/{project}/zones/{zone}/instanceGroupManagers/{name}")),
             }
         }
         ("POST", ["zones", zone, "instanceGroupManagers", name, "listManagedInstances"]) => {
-            if let Err(e) = check_query(
-                &q,
-                &[
-                    "filter",
-                    "maxResults",
-                    "pageToken",
-                    "orderBy",
-                    "returnPartialSuccess",
-                ],
-            ) {
+            if let Err(e) =
+                check_query(&q, &["filter", "maxResults", "pageToken", "orderBy", "returnPartialSuccess"])
+            {
                 return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}"));
             }
             if !empty_body_ok(&body) {
@@ -849,20 +730,13 @@ async fn handle(
                 );
             }
             let Some(g) = s.migs.get(&(zone.to_string(), name.to_string())) else {
-                return not_found(&format!(
-                    "projects/{project}/zones/{zone}/instanceGroupManagers/{name}"
-                ));
+                return not_found(&format!("projects/{project}/zones/{zone}/instanceGroupManagers/{name}"));
             };
-            let items: Vec<Value> = g
-                .instances
-                .iter()
-                .map(|i| managed_instance_json(&project, g, i))
-                .collect();
+            let items: Vec<Value> =
+                g.instances.iter().map(|i| managed_instance_json(&project, g, i)).collect();
             let (items, next) = match page(&items, &q, s.page_size) {
                 Ok(p) => p,
-                Err(e) => {
-                    return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}"))
-                }
+                Err(e) => return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}")),
             };
             let mut v = json!({ "managedInstances": items });
             if let Some(n) = next {
@@ -881,40 +755,24 @@ async fn handle(
                     format!("{m} {path}: unexpected body {body:?}"),
                 );
             }
-            let Some(size) = q
-                .get("size")
-                .and_then(|v| v.parse::<i64>().ok())
-                .filter(|n| *n >= 0)
-            else {
+            let Some(size) = q.get("size").and_then(|v| v.parse::<i64>().ok()).filter(|n| *n >= 0) else {
                 return violation(
                     &mut s,
                     StatusCode::BAD_REQUEST,
-                    format!(
-                        "{m} {path}: query parameter size missing or invalid: {:?}",
-                        q.get("size")
-                    ),
+                    format!("{m} {path}: query parameter size missing or invalid: {:?}", q.get("size")),
                 );
             };
             let key = (zone.to_string(), name.to_string());
             let Some(mut g) = s.migs.get(&key).cloned() else {
-                return not_found(&format!(
-                    "projects/{project}/zones/{zone}/instanceGroupManagers/{name}"
-                ));
+                return not_found(&format!("projects/{project}/zones/{zone}/instanceGroupManagers/{name}"));
             };
             if g.fail_next_operation.is_some() {
-                let v = start_op(
-                    &mut s,
-                    zone,
-                    name,
-                    "compute.instanceGroupManagers.resize",
-                    Effect::Failed,
-                );
+                let v = start_op(&mut s, zone, name, "compute.instanceGroupManagers.resize", Effect::Failed);
                 return ok_json(v);
             }
             let mut created = vec![];
-            let live: Vec<usize> = (0..g.instances.len())
-                .filter(|&i| g.instances[i].action != "DELETING")
-                .collect();
+            let live: Vec<usize> =
+                (0..g.instances.len()).filter(|&i| g.instances[i].action != "DELETING").collect();
             if size as usize > live.len() {
                 for _ in live.len()..size as usize {
                     let mut inst = new_instance(&mut s, &g, "CREATING", None);
@@ -957,9 +815,8 @@ async fn handle(
                     )
                 }
             };
-            if let Some(k) = parsed
-                .keys()
-                .find(|k| !["instances", "skipInstancesOnValidationError"].contains(&k.as_str()))
+            if let Some(k) =
+                parsed.keys().find(|k| !["instances", "skipInstancesOnValidationError"].contains(&k.as_str()))
             {
                 return violation(
                     &mut s,
@@ -967,26 +824,20 @@ async fn handle(
                     format!("{m} {path}: unknown body field {k}"),
                 );
             }
-            let urls: Option<Vec<String>> =
-                parsed.get("instances").and_then(|v| v.as_array()).map(|a| {
-                    a.iter()
-                        .filter_map(|u| u.as_str().map(str::to_string))
-                        .collect()
-                });
+            let urls: Option<Vec<String>> = parsed
+                .get("instances")
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().filter_map(|u| u.as_str().map(str::to_string)).collect());
             let Some(urls) = urls.filter(|u| !u.is_empty()) else {
                 return violation(
                     &mut s,
                     StatusCode::BAD_REQUEST,
-                    format!(
-                        "{m} {path}: body.instances must be a non-empty string array: {body:?}"
-                    ),
+                    format!("{m} {path}: body.instances must be a non-empty string array: {body:?}"),
                 );
             };
             let key = (zone.to_string(), name.to_string());
             let Some(mut g) = s.migs.get(&key).cloned() else {
-                return not_found(&format!(
-                    "projects/{project}/zones/{zone}/instanceGroupManagers/{name}"
-                ));
+                return not_found(&format!("projects/{project}/zones/{zone}/instanceGroupManagers/{name}"));
             };
             let mut victims = vec![];
             for u in &urls {
@@ -1020,17 +871,11 @@ async fn handle(
                 }
             }
             s.migs.insert(key, g);
-            let v = start_op(
-                &mut s,
-                zone,
-                name,
-                "compute.instanceGroupManagers.deleteInstances",
-                Effect::Delete,
-            );
+            let v =
+                start_op(&mut s, zone, name, "compute.instanceGroupManagers.deleteInstances", Effect::Delete);
             ok_json(v)
         }
-        ("GET", ["zones", zone, "operations", op])
-        | ("POST", ["zones", zone, "operations", op, "wait"]) => {
+        ("GET", ["zones", zone, "operations", op]) | ("POST", ["zones", zone, "operations", op, "wait"]) => {
             if let Err(e) = check_query(&q, &[]) {
                 return violation(&mut s, StatusCode::BAD_REQUEST, format!("{m} {path}: {e}"));
             }
@@ -1052,9 +897,7 @@ async fn handle(
             }
             match s.machine_types.get(&(zone.to_string(), name.to_string())) {
                 Some(mt) => ok_json(machine_type_json(&project, zone, mt)),
-                None => not_found(&format!(
-                    "projects/{project}/zones/{zone}/machineTypes/{name}"
-                )),
+                None => not_found(&format!("projects/{project}/zones/{zone}/machineTypes/{name}")),
             }
         }
         ("GET", ["global", "instanceTemplates", name]) => {
@@ -1063,15 +906,9 @@ async fn handle(
             }
             match s.templates.get(*name) {
                 Some(t) => ok_json(template_json(&project, t)),
-                None => not_found(&format!(
-                    "projects/{project}/global/instanceTemplates/{name}"
-                )),
+                None => not_found(&format!("projects/{project}/global/instanceTemplates/{name}")),
             }
         }
-        _ => violation(
-            &mut s,
-            StatusCode::NOT_FOUND,
-            format!("{m} {path}: no such Compute v1 method"),
-        ),
+        _ => violation(&mut s, StatusCode::NOT_FOUND, format!("{m} {path}: no such Compute v1 method")),
     }
 }

@@ -3,9 +3,7 @@
 //! allocatable and the node template of a group. No I/O here, so every rule is unit-tested.
 
 use super::error::GcpError;
-use crate::model::{
-    ErrorClass, GpuCatalog, GpuDevice, GpuTopology, InstanceState, Node, Resources,
-};
+use crate::model::{ErrorClass, GpuCatalog, GpuDevice, GpuTopology, InstanceState, Node, Resources};
 use std::collections::BTreeMap;
 
 /// MIG description token / instance-template label holding the group's minimum size.
@@ -57,9 +55,7 @@ pub fn parse_resource_url(url: &str) -> Option<ResourceRef> {
     let (scope, rest) = match parts.as_slice() {
         ["projects", _, "global", rest @ ..] => (Scope::Global, rest),
         ["projects", _, "zones", zone, rest @ ..] => (Scope::Zone((*zone).to_string()), rest),
-        ["projects", _, "regions", region, rest @ ..] => {
-            (Scope::Region((*region).to_string()), rest)
-        }
+        ["projects", _, "regions", region, rest @ ..] => (Scope::Region((*region).to_string()), rest),
         _ => return None,
     };
     match rest {
@@ -97,10 +93,7 @@ pub fn group_id(account: &str, zone: &str, mig: &str) -> String {
 
 /// Splits a group id made by [`group_id`] into (zone, MIG name) when it belongs to `account`.
 pub fn parse_group_id<'a>(account: &str, id: &'a str) -> Option<(&'a str, &'a str)> {
-    let rest = id
-        .strip_prefix("gcp/")?
-        .strip_prefix(account)?
-        .strip_prefix('/')?;
+    let rest = id.strip_prefix("gcp/")?.strip_prefix(account)?.strip_prefix('/')?;
     let (zone, mig) = rest.split_once('/')?;
     if zone.is_empty() || mig.is_empty() || mig.contains('/') {
         return None;
@@ -126,11 +119,7 @@ pub fn classify_code(code: &str) -> ErrorClass {
 /// The class of the most specific of several error codes: capacity beats quota beats
 /// throttling beats anything else, so a capacity stockout is never hidden behind a generic code.
 pub fn worst_class<'a>(codes: impl IntoIterator<Item = &'a str>) -> ErrorClass {
-    codes
-        .into_iter()
-        .map(classify_code)
-        .min()
-        .unwrap_or(ErrorClass::Other)
+    codes.into_iter().map(classify_code).min().unwrap_or(ErrorClass::Other)
 }
 
 /// What the MIG reports about one managed instance, as plain strings (the API's enum names).
@@ -149,27 +138,17 @@ pub struct ManagedInstanceFacts {
 /// from the group instead of waiting for capacity that will not come.
 pub fn instance_state(m: &ManagedInstanceFacts) -> InstanceState {
     let action = m.current_action.as_deref().unwrap_or("NONE");
-    let creating = matches!(
-        action,
-        "CREATING" | "CREATING_WITHOUT_RETRIES" | "RECREATING" | "VERIFYING"
-    );
+    let creating = matches!(action, "CREATING" | "CREATING_WITHOUT_RETRIES" | "RECREATING" | "VERIFYING");
     if creating && !m.last_attempt_errors.is_empty() {
         let class = worst_class(m.last_attempt_errors.iter().map(|(c, _)| c.as_str()));
-        let message = m
-            .last_attempt_errors
-            .iter()
-            .map(|(c, msg)| format!("{c}: {msg}"))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let message =
+            m.last_attempt_errors.iter().map(|(c, msg)| format!("{c}: {msg}")).collect::<Vec<_>>().join("; ");
         return InstanceState::Failed { class, message };
     }
     if creating || matches!(action, "STARTING" | "RESUMING") {
         return InstanceState::Pending;
     }
-    if matches!(
-        action,
-        "DELETING" | "ABANDONING" | "STOPPING" | "SUSPENDING"
-    ) {
+    if matches!(action, "DELETING" | "ABANDONING" | "STOPPING" | "SUSPENDING") {
         return InstanceState::Terminating;
     }
     // NONE, REFRESHING, RESTARTING: the instance exists; its own status decides.
@@ -236,11 +215,7 @@ pub fn bounds(
     let min = pick(MIN_SIZE_KEY, default_min)?;
     let max = pick(MAX_SIZE_KEY, default_max)?;
     if min > max {
-        return Err(GcpError::InvertedBounds {
-            mig: mig.to_string(),
-            min,
-            max,
-        });
+        return Err(GcpError::InvertedBounds { mig: mig.to_string(), min, max });
     }
     Ok(Bounds { min, max })
 }
@@ -252,10 +227,8 @@ pub fn gke_allocatable(guest_cpus: u32, memory_mib: u64) -> Resources {
     // (computed in micro-cores to stay exact).
     let cores = u64::from(guest_cpus);
     let band = |from: u64, to: u64| cores.min(to).saturating_sub(from);
-    let reserved_micro = band(0, 1) * 60_000
-        + band(1, 2) * 10_000
-        + band(2, 4) * 5_000
-        + cores.saturating_sub(4) * 2_500;
+    let reserved_micro =
+        band(0, 1) * 60_000 + band(1, 2) * 10_000 + band(2, 4) * 5_000 + cores.saturating_sub(4) * 2_500;
     let reserved_cpu_milli = reserved_micro.div_ceil(1000);
     // Memory: 255 MiB below 1 GiB; else 25% of the first 4 GiB, 20% of the next 4, 10% of the
     // next 8, 6% of the next 112 and 2% above 128 GiB.
@@ -324,20 +297,13 @@ pub fn parse_kube_labels(value: &str) -> BTreeMap<String, String> {
 
 /// The accelerators a new instance gets: the template's attached GPUs if it lists any, else the
 /// ones bundled with the machine type. Zero counts are dropped.
-pub fn accelerators<'a>(
-    template: &'a TemplateFacts,
-    machine: &'a MachineFacts,
-) -> Vec<(&'a str, u32)> {
+pub fn accelerators<'a>(template: &'a TemplateFacts, machine: &'a MachineFacts) -> Vec<(&'a str, u32)> {
     let source = if template.guest_accelerators.iter().any(|(_, n)| *n > 0) {
         &template.guest_accelerators
     } else {
         &machine.accelerators
     };
-    source
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(t, n)| (t.as_str(), *n))
-        .collect()
+    source.iter().filter(|(_, n)| *n > 0).map(|(t, n)| (t.as_str(), *n)).collect()
 }
 
 /// The GKE node pool a template belongs to, if any.
@@ -370,10 +336,7 @@ pub fn node_template(
     let region = zone.rsplit_once('-').map_or(zone, |(r, _)| r);
     labels.insert("topology.kubernetes.io/zone".into(), zone.into());
     labels.insert("topology.kubernetes.io/region".into(), region.into());
-    labels.insert(
-        "node.kubernetes.io/instance-type".into(),
-        machine.name.clone(),
-    );
+    labels.insert("node.kubernetes.io/instance-type".into(), machine.name.clone());
     labels.insert("kubernetes.io/os".into(), "linux".into());
     if let Some(arch) = machine.arch {
         labels.insert("kubernetes.io/arch".into(), arch.into());
@@ -394,17 +357,13 @@ pub fn node_template(
                 types: accels.iter().map(|(t, _)| t.to_string()).collect(),
             });
         }
-        let spec = GpuCatalog
-            .resolve(accel_type)
-            .ok_or_else(|| GcpError::UnknownAccelerator {
-                template: template.name.clone(),
-                machine_type: machine.name.clone(),
-                accelerator: accel_type.to_string(),
-            })?;
+        let spec = GpuCatalog.resolve(accel_type).ok_or_else(|| GcpError::UnknownAccelerator {
+            template: template.name.clone(),
+            machine_type: machine.name.clone(),
+            accelerator: accel_type.to_string(),
+        })?;
         let count: u32 = accels.iter().map(|(_, n)| n).sum();
-        gpus = (0..count)
-            .map(|i| GpuDevice::standard(i as u8, spec.memory_mib))
-            .collect();
+        gpus = (0..count).map(|i| GpuDevice::standard(i as u8, spec.memory_mib)).collect();
         topology = GpuTopology::uniform(count as usize, spec.nvlink);
         gpu_model = Some(spec.name.to_string());
         labels.insert(GKE_ACCELERATOR_LABEL.into(), accel_type.into());
@@ -444,42 +403,26 @@ mod tests {
 
         let id = provider_id("p1", "us-central1-a", "gpu-x1");
         assert_eq!(id, "gce://p1/us-central1-a/gpu-x1");
-        assert_eq!(
-            parse_provider_id(&id),
-            Some(("p1", "us-central1-a", "gpu-x1"))
-        );
+        assert_eq!(parse_provider_id(&id), Some(("p1", "us-central1-a", "gpu-x1")));
         assert_eq!(parse_provider_id("aws:///us-east-1a/i-1"), None);
         assert_eq!(parse_provider_id("gce://p/z/n/extra"), None);
 
         let g = group_id("prod", "us-central1-a", "gpu-a100");
-        assert_eq!(
-            parse_group_id("prod", &g),
-            Some(("us-central1-a", "gpu-a100"))
-        );
+        assert_eq!(parse_group_id("prod", &g), Some(("us-central1-a", "gpu-a100")));
         assert_eq!(parse_group_id("staging", &g), None);
         assert_eq!(parse_group_id("prod", "gcp/prod/zone-only"), None);
     }
 
     #[test]
     fn error_codes_are_classified() {
-        assert_eq!(
-            classify_code("ZONE_RESOURCE_POOL_EXHAUSTED"),
-            ErrorClass::OutOfCapacity
-        );
-        assert_eq!(
-            classify_code("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"),
-            ErrorClass::OutOfCapacity
-        );
+        assert_eq!(classify_code("ZONE_RESOURCE_POOL_EXHAUSTED"), ErrorClass::OutOfCapacity);
+        assert_eq!(classify_code("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"), ErrorClass::OutOfCapacity);
         assert_eq!(classify_code("QUOTA_EXCEEDED"), ErrorClass::Quota);
         assert_eq!(classify_code("quotaExceeded"), ErrorClass::Quota);
         assert_eq!(classify_code("rateLimitExceeded"), ErrorClass::Throttled);
         assert_eq!(classify_code("RESOURCE_NOT_FOUND"), ErrorClass::Other);
         assert_eq!(
-            worst_class([
-                "RESOURCE_NOT_READY",
-                "QUOTA_EXCEEDED",
-                "ZONE_RESOURCE_POOL_EXHAUSTED"
-            ]),
+            worst_class(["RESOURCE_NOT_READY", "QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED"]),
             ErrorClass::OutOfCapacity
         );
     }
@@ -489,36 +432,14 @@ mod tests {
         let f = |a: &str, s: Option<&str>, errs: &[(&str, &str)]| ManagedInstanceFacts {
             current_action: Some(a.into()),
             instance_status: s.map(Into::into),
-            last_attempt_errors: errs
-                .iter()
-                .map(|(c, m)| (c.to_string(), m.to_string()))
-                .collect(),
+            last_attempt_errors: errs.iter().map(|(c, m)| (c.to_string(), m.to_string())).collect(),
         };
-        assert_eq!(
-            instance_state(&f("CREATING", None, &[])),
-            InstanceState::Pending
-        );
-        assert_eq!(
-            instance_state(&f("NONE", Some("RUNNING"), &[])),
-            InstanceState::Running
-        );
-        assert_eq!(
-            instance_state(&f("NONE", Some("STAGING"), &[])),
-            InstanceState::Pending
-        );
-        assert_eq!(
-            instance_state(&f("DELETING", Some("RUNNING"), &[])),
-            InstanceState::Terminating
-        );
-        assert_eq!(
-            instance_state(&f("NONE", Some("TERMINATED"), &[])),
-            InstanceState::Terminating
-        );
-        match instance_state(&f(
-            "CREATING",
-            None,
-            &[("ZONE_RESOURCE_POOL_EXHAUSTED", "no a2 in zone")],
-        )) {
+        assert_eq!(instance_state(&f("CREATING", None, &[])), InstanceState::Pending);
+        assert_eq!(instance_state(&f("NONE", Some("RUNNING"), &[])), InstanceState::Running);
+        assert_eq!(instance_state(&f("NONE", Some("STAGING"), &[])), InstanceState::Pending);
+        assert_eq!(instance_state(&f("DELETING", Some("RUNNING"), &[])), InstanceState::Terminating);
+        assert_eq!(instance_state(&f("NONE", Some("TERMINATED"), &[])), InstanceState::Terminating);
+        match instance_state(&f("CREATING", None, &[("ZONE_RESOURCE_POOL_EXHAUSTED", "no a2 in zone")])) {
             InstanceState::Failed { class, message } => {
                 assert_eq!(class, ErrorClass::OutOfCapacity);
                 assert!(message.contains("no a2 in zone"));
@@ -543,10 +464,7 @@ mod tests {
         assert_eq!(b, Bounds { min: 0, max: 3 });
         let e = bounds("m", Some("gpuscale-max=lots"), &labels, 0, 0).unwrap_err();
         let msg = e.to_string();
-        assert!(
-            msg.contains("lots") && msg.contains("gpuscale-max") && msg.contains('m'),
-            "{msg}"
-        );
+        assert!(msg.contains("lots") && msg.contains("gpuscale-max") && msg.contains('m'), "{msg}");
         assert!(bounds("m", Some("gpuscale-min=5,gpuscale-max=2"), &labels, 0, 0).is_err());
     }
 
@@ -616,9 +534,7 @@ mod tests {
             guest_accelerators: vec![("amd-mi300x".into(), 1)],
             ..Default::default()
         };
-        let e = node_template("g", "m", "z", &t, &m)
-            .unwrap_err()
-            .to_string();
+        let e = node_template("g", "m", "z", &t, &m).unwrap_err().to_string();
         assert!(e.contains("amd-mi300x") && e.contains("odd-tmpl"), "{e}");
     }
 }

@@ -31,8 +31,7 @@ use google_cloud_compute_v1::client::{
     InstanceGroupManagers, InstanceTemplates, MachineTypes, ZoneOperations,
 };
 use google_cloud_compute_v1::model::{
-    operation, InstanceGroupManager, InstanceGroupManagersDeleteInstancesRequest, ManagedInstance,
-    Operation,
+    operation, InstanceGroupManager, InstanceGroupManagersDeleteInstancesRequest, ManagedInstance, Operation,
 };
 use google_cloud_gax::error::rpc::StatusDetails;
 use serde::{Deserialize, Serialize};
@@ -115,27 +114,17 @@ impl GcpSettings {
     }
 
     fn validate(&self) -> Result<(), GcpError> {
-        let bad = |field, problem: String| GcpError::Settings {
-            account: self.account.clone(),
-            field,
-            problem,
-        };
+        let bad =
+            |field, problem: String| GcpError::Settings { account: self.account.clone(), field, problem };
         let is_name = |s: &str| {
             s.starts_with(|c: char| c.is_ascii_lowercase())
-                && s.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         };
         if self.account.is_empty() || self.account.contains('/') {
-            return Err(bad(
-                "account",
-                format!("must be non-empty without '/', got {:?}", self.account),
-            ));
+            return Err(bad("account", format!("must be non-empty without '/', got {:?}", self.account)));
         }
         if self.project.is_empty() || self.project.contains('/') {
-            return Err(bad(
-                "project",
-                format!("must be a project id, got {:?}", self.project),
-            ));
+            return Err(bad("project", format!("must be a project id, got {:?}", self.project)));
         }
         if self.zones.is_empty() {
             return Err(bad("zones", "must list at least one zone".into()));
@@ -147,17 +136,11 @@ impl GcpSettings {
             // MIG names are RFC 1035 labels; a prefix outside that alphabet would also need
             // escaping in the list filter's RE2 expression.
             if !is_name(p) {
-                return Err(bad(
-                    "name_prefix",
-                    format!("must match [a-z][-a-z0-9]*, got {p:?}"),
-                ));
+                return Err(bad("name_prefix", format!("must match [a-z][-a-z0-9]*, got {p:?}")));
             }
         }
         if self.operation_timeout_secs == 0 {
-            return Err(bad(
-                "operation_timeout_secs",
-                "must be positive, got 0".into(),
-            ));
+            return Err(bad("operation_timeout_secs", "must be positive, got 0".into()));
         }
         Ok(())
     }
@@ -180,11 +163,7 @@ fn api_source<E: std::error::Error + Send + Sync + 'static>(
     e: E,
     retryable: bool,
 ) -> ProviderError {
-    ProviderError::Api {
-        op,
-        source: Box::new(e) as BoxError,
-        retryable,
-    }
+    ProviderError::Api { op, source: Box::new(e) as BoxError, retryable }
 }
 
 fn invalid(e: GcpError, op: &'static str) -> ProviderError {
@@ -207,14 +186,7 @@ fn error_reasons(e: &google_cloud_compute_v1::Error) -> Vec<String> {
 }
 
 fn retry_after(e: &google_cloud_compute_v1::Error) -> Option<Duration> {
-    e.http_headers()?
-        .get("retry-after")?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+    e.http_headers()?.get("retry-after")?.to_str().ok()?.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 /// Classifies a failed API call: rate limits (429, or 403 `rateLimitExceeded`) are throttling,
@@ -227,27 +199,20 @@ fn classify_api_error(
     e: google_cloud_compute_v1::Error,
 ) -> ProviderError {
     if e.is_authentication() {
-        return ProviderError::Auth {
-            account: account.to_string(),
-            message: format!("{op}: {e}"),
-        };
+        return ProviderError::Auth { account: account.to_string(), message: format!("{op}: {e}") };
     }
     let code = e.http_status_code();
     let reasons = error_reasons(&e);
-    let message = e
-        .status()
-        .map(|s| s.message.clone())
-        .unwrap_or_else(|| e.to_string());
+    let message = e.status().map(|s| s.message.clone()).unwrap_or_else(|| e.to_string());
     let class = facts::worst_class(reasons.iter().map(String::as_str));
     match (class, code) {
-        (ErrorClass::Throttled, _) | (_, Some(429)) => ProviderError::Throttled {
-            retry_after: retry_after(&e),
-        },
+        (ErrorClass::Throttled, _) | (_, Some(429)) => {
+            ProviderError::Throttled { retry_after: retry_after(&e) }
+        }
         (ErrorClass::Quota, _) => ProviderError::QuotaExceeded(format!("{op}: {message}")),
-        (ErrorClass::OutOfCapacity, _) => ProviderError::InsufficientCapacity {
-            group: group.to_string(),
-            message,
-        },
+        (ErrorClass::OutOfCapacity, _) => {
+            ProviderError::InsufficientCapacity { group: group.to_string(), message }
+        }
         (_, Some(401 | 403)) => ProviderError::Auth {
             account: account.to_string(),
             message: format!("{op}: HTTP {}: {message}", code.unwrap_or_default()),
@@ -266,27 +231,16 @@ fn operation_result(account: &str, group: &str, op: &Operation) -> Result<(), Pr
         .error
         .iter()
         .flat_map(|e| e.errors.iter())
-        .map(|e| {
-            (
-                e.code.clone().unwrap_or_default(),
-                e.message.clone().unwrap_or_default(),
-            )
-        })
+        .map(|e| (e.code.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
         .collect();
     let http = op.http_error_status_code;
     if errors.is_empty() && http.is_none() {
         return Ok(());
     }
     let joined = if errors.is_empty() {
-        op.http_error_message
-            .clone()
-            .unwrap_or_else(|| format!("HTTP {}", http.unwrap_or_default()))
+        op.http_error_message.clone().unwrap_or_else(|| format!("HTTP {}", http.unwrap_or_default()))
     } else {
-        errors
-            .iter()
-            .map(|(c, m)| format!("{c}: {m}"))
-            .collect::<Vec<_>>()
-            .join("; ")
+        errors.iter().map(|(c, m)| format!("{c}: {m}")).collect::<Vec<_>>().join("; ")
     };
     let class = facts::worst_class(errors.iter().map(|(c, _)| c.as_str()));
     let detail = || GcpError::Operation {
@@ -296,18 +250,14 @@ fn operation_result(account: &str, group: &str, op: &Operation) -> Result<(), Pr
         errors: joined.clone(),
     };
     Err(match (class, http) {
-        (ErrorClass::OutOfCapacity, _) => ProviderError::InsufficientCapacity {
-            group: group.to_string(),
-            message: joined,
-        },
-        (ErrorClass::Quota, _) => ProviderError::QuotaExceeded(joined),
-        (ErrorClass::Throttled, _) | (_, Some(429)) => {
-            ProviderError::Throttled { retry_after: None }
+        (ErrorClass::OutOfCapacity, _) => {
+            ProviderError::InsufficientCapacity { group: group.to_string(), message: joined }
         }
-        (_, Some(401 | 403)) => ProviderError::Auth {
-            account: account.to_string(),
-            message: detail().to_string(),
-        },
+        (ErrorClass::Quota, _) => ProviderError::QuotaExceeded(joined),
+        (ErrorClass::Throttled, _) | (_, Some(429)) => ProviderError::Throttled { retry_after: None },
+        (_, Some(401 | 403)) => {
+            ProviderError::Auth { account: account.to_string(), message: detail().to_string() }
+        }
         (_, Some(c)) if c >= 500 => invalid_retryable(detail()),
         _ => invalid(detail(), "operation"),
     })
@@ -318,10 +268,7 @@ fn invalid_retryable(e: GcpError) -> ProviderError {
 }
 
 fn credentials_from(settings: &GcpSettings) -> Result<Credentials, ProviderError> {
-    let auth_err = |message: String| ProviderError::Auth {
-        account: settings.account.clone(),
-        message,
-    };
+    let auth_err = |message: String| ProviderError::Auth { account: settings.account.clone(), message };
     if settings.anonymous {
         return Ok(credentials::anonymous::Builder::new().build());
     }
@@ -330,23 +277,12 @@ fn credentials_from(settings: &GcpSettings) -> Result<Credentials, ProviderError
             .build()
             .map_err(|e| auth_err(format!("application default credentials: {e}")));
     };
-    let file_err = |problem: String| {
-        auth_err(
-            GcpError::CredentialsFile {
-                path: path.clone(),
-                problem,
-            }
-            .to_string(),
-        )
-    };
+    let file_err =
+        |problem: String| auth_err(GcpError::CredentialsFile { path: path.clone(), problem }.to_string());
     let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
     let json: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| file_err(format!("not JSON: {e}")))?;
-    let kind = json
-        .get("type")
-        .and_then(|t| t.as_str())
-        .unwrap_or_default()
-        .to_string();
+    let kind = json.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
     let built = match kind.as_str() {
         "service_account" => credentials::service_account::Builder::new(json).build(),
         "authorized_user" => credentials::user_account::Builder::new(json).build(),
@@ -365,10 +301,7 @@ macro_rules! build_client {
         if let Some(endpoint) = &$settings.endpoint {
             builder = builder.with_endpoint(endpoint.clone());
         }
-        builder
-            .build()
-            .await
-            .map_err(|e| api_source("connect", e, false))?
+        builder.build().await.map_err(|e| api_source("connect", e, false))?
     }};
 }
 
@@ -404,35 +337,22 @@ impl GcpProvider {
         &self.settings
     }
 
-    fn api_error(
-        &self,
-        group: &str,
-        op: &'static str,
-        e: google_cloud_compute_v1::Error,
-    ) -> ProviderError {
+    fn api_error(&self, group: &str, op: &'static str, e: google_cloud_compute_v1::Error) -> ProviderError {
         classify_api_error(&self.settings.account, group, op, e)
     }
 
     fn name_matches(&self, name: &str) -> bool {
-        self.settings
-            .name_prefix
-            .as_deref()
-            .is_none_or(|p| name.starts_with(p))
+        self.settings.name_prefix.as_deref().is_none_or(|p| name.starts_with(p))
     }
 
     fn labels_match(&self, template: &TemplateFacts) -> bool {
-        self.settings
-            .label_filter
-            .iter()
-            .all(|(k, v)| template.labels.get(k) == Some(v))
+        self.settings.label_filter.iter().all(|(k, v)| template.labels.get(k) == Some(v))
     }
 
     /// Zone and MIG name of a group id of this account in a configured zone.
     fn locate<'a>(&self, group: &'a str) -> Result<(&'a str, &'a str), ProviderError> {
         match facts::parse_group_id(&self.settings.account, group) {
-            Some((zone, mig))
-                if self.settings.zones.iter().any(|z| z == zone) && self.name_matches(mig) =>
-            {
+            Some((zone, mig)) if self.settings.zones.iter().any(|z| z == zone) && self.name_matches(mig) => {
                 Ok((zone, mig))
             }
             _ => Err(ProviderError::GroupNotFound(group.to_string())),
@@ -456,10 +376,7 @@ impl GcpProvider {
             if let Some(token) = page_token.take() {
                 req = req.set_page_token(token);
             }
-            let page = req
-                .send()
-                .await
-                .map_err(|e| self.api_error(zone, "instanceGroupManagers.list", e))?;
+            let page = req.send().await.map_err(|e| self.api_error(zone, "instanceGroupManagers.list", e))?;
             out.extend(page.items);
             match page.next_page_token.filter(|t| !t.is_empty()) {
                 Some(t) => page_token = Some(t),
@@ -531,9 +448,7 @@ impl GcpProvider {
             .clone()
             .filter(|t| !t.is_empty())
             .or_else(|| {
-                igm.versions
-                    .iter()
-                    .find_map(|v| v.instance_template.clone().filter(|t| !t.is_empty()))
+                igm.versions.iter().find_map(|v| v.instance_template.clone().filter(|t| !t.is_empty()))
             })
             .ok_or_else(|| {
                 invalid(
@@ -555,9 +470,7 @@ impl GcpProvider {
                     GcpError::Response {
                         object: format!("MIG {mig} in {zone}"),
                         field: "instanceTemplate",
-                        problem: format!(
-                            "is {url:?}; only global instance templates are supported"
-                        ),
+                        problem: format!("is {url:?}; only global instance templates are supported"),
                     },
                     "instanceTemplates.get",
                 ))
@@ -608,8 +521,7 @@ impl GcpProvider {
                 .iter()
                 .map(|a| {
                     (
-                        facts::last_segment(a.accelerator_type.as_deref().unwrap_or(""))
-                            .to_string(),
+                        facts::last_segment(a.accelerator_type.as_deref().unwrap_or("")).to_string(),
                         a.accelerator_count.unwrap_or(0).max(0) as u32,
                     )
                 })
@@ -620,12 +532,7 @@ impl GcpProvider {
         })
     }
 
-    async fn machine(
-        &self,
-        group: &str,
-        zone: &str,
-        name: &str,
-    ) -> Result<MachineFacts, ProviderError> {
+    async fn machine(&self, group: &str, zone: &str, name: &str) -> Result<MachineFacts, ProviderError> {
         let key = (zone.to_string(), name.to_string());
         if let Some(m) = self.machine_cache.lock().expect("machine cache").get(&key) {
             return Ok(m.clone());
@@ -679,10 +586,7 @@ impl GcpProvider {
             machine_type = name,
             zone, "no price catalog for GCP machine types yet; pricing the groups at 0"
         );
-        self.machine_cache
-            .lock()
-            .expect("machine cache")
-            .insert(key, facts.clone());
+        self.machine_cache.lock().expect("machine cache").insert(key, facts.clone());
         Ok(facts)
     }
 
@@ -716,11 +620,7 @@ impl GcpProvider {
         let id = facts::group_id(&self.settings.account, zone, &mig);
         let template = match self.template_of(&id, zone, &igm).await {
             Ok(t) => t,
-            Err(
-                e @ ProviderError::Api {
-                    retryable: false, ..
-                },
-            ) => {
+            Err(e @ ProviderError::Api { retryable: false, .. }) => {
                 warn!(group = %id, error = %e, "skipping MIG");
                 return Ok(None);
             }
@@ -745,11 +645,7 @@ impl GcpProvider {
         };
         let machine = match self.machine(&id, zone, &template.machine_type).await {
             Ok(m) => m,
-            Err(
-                e @ ProviderError::Api {
-                    retryable: false, ..
-                },
-            ) => {
+            Err(e @ ProviderError::Api { retryable: false, .. }) => {
                 warn!(group = %id, error = %e, "skipping MIG whose machine type cannot be read");
                 return Ok(None);
             }
@@ -769,33 +665,17 @@ impl GcpProvider {
             .filter_map(|mi| {
                 let (provider_id, _) = self.instance_of(zone, mi)?;
                 let state = facts::instance_state(&ManagedInstanceFacts {
-                    current_action: mi
-                        .current_action
-                        .as_ref()
-                        .and_then(|a| a.name())
-                        .map(str::to_string),
-                    instance_status: mi
-                        .instance_status
-                        .as_ref()
-                        .and_then(|s| s.name())
-                        .map(str::to_string),
+                    current_action: mi.current_action.as_ref().and_then(|a| a.name()).map(str::to_string),
+                    instance_status: mi.instance_status.as_ref().and_then(|s| s.name()).map(str::to_string),
                     last_attempt_errors: mi
                         .last_attempt
                         .iter()
                         .flat_map(|a| a.errors.iter())
                         .flat_map(|e| e.errors.iter())
-                        .map(|e| {
-                            (
-                                e.code.clone().unwrap_or_default(),
-                                e.message.clone().unwrap_or_default(),
-                            )
-                        })
+                        .map(|e| (e.code.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
                         .collect(),
                 });
-                Some(Instance {
-                    id: provider_id,
-                    state,
-                })
+                Some(Instance { id: provider_id, state })
             })
             .collect();
         Ok(Some(NodeGroup {
@@ -803,11 +683,7 @@ impl GcpProvider {
             account: self.settings.account.clone(),
             instance_type: machine.name.clone(),
             zones: vec![zone.to_string()],
-            capacity_type: if template.spot {
-                CapacityType::Spot
-            } else {
-                CapacityType::OnDemand
-            },
+            capacity_type: if template.spot { CapacityType::Spot } else { CapacityType::OnDemand },
             price: 0,
             min_size: bounds.min,
             max_size: bounds.max,
@@ -819,23 +695,13 @@ impl GcpProvider {
 
     /// Waits for a zone operation with `zoneOperations.wait` (which returns when the operation
     /// is done or after the server's own cap), polling until the configured timeout.
-    async fn wait_operation(
-        &self,
-        group: &str,
-        zone: &str,
-        mut op: Operation,
-    ) -> Result<(), ProviderError> {
+    async fn wait_operation(&self, group: &str, zone: &str, mut op: Operation) -> Result<(), ProviderError> {
         let timeout = Duration::from_secs(self.settings.operation_timeout_secs);
         let pause = Duration::from_millis(self.settings.poll_interval_ms);
         let start = tokio::time::Instant::now();
         let name = op.name.clone().unwrap_or_default();
-        let status_name = |op: &Operation| {
-            op.status
-                .as_ref()
-                .and_then(|s| s.name())
-                .unwrap_or("UNKNOWN")
-                .to_string()
-        };
+        let status_name =
+            |op: &Operation| op.status.as_ref().and_then(|s| s.name()).unwrap_or("UNKNOWN").to_string();
         let timed_out = |status: String| {
             api_source(
                 "zoneOperations.wait",
@@ -952,11 +818,7 @@ impl CloudProvider for GcpProvider {
         self.wait_operation(group, zone, op).await
     }
 
-    async fn delete_instances(
-        &self,
-        group: &str,
-        instances: &[String],
-    ) -> Result<(), ProviderError> {
+    async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
         if instances.is_empty() {
             return Ok(());
         }

@@ -1,0 +1,87 @@
+//! `gpuscale plan`: the dry-run scaling plan for a cluster snapshot.
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use gpuscale::planner::{self, PlanInput, PlannerSettings};
+use gpuscale::providers::config::{self, ProviderConfig};
+use gpuscale::scheduler::PolicyKind;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The example cluster `plan` shows when given no snapshot.
+const EMBEDDED_SNAPSHOT: &str = include_str!("../../examples/snapshots/mixed-gpu-cluster.json");
+const EMBEDDED_SNAPSHOT_NAME: &str = "<embedded>/examples/snapshots/mixed-gpu-cluster.json";
+
+/// Arguments of `gpuscale plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Cluster snapshot: `kubectl get nodes,pods,poddisruptionbudgets -A -o json` output, a
+    /// YAML/JSON manifest, or a folder of them. Default: an embedded example cluster.
+    #[arg(long)]
+    snapshot: Option<PathBuf>,
+    /// Provider config file(s) with the node groups (repeatable). Default: the embedded simulated
+    /// account that matches the example cluster.
+    #[arg(long)]
+    providers: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Placement policy for pending pods.
+    #[arg(long, default_value = "gpuscale")]
+    policy: PolicyKind,
+    /// Do not plan scale-down or consolidation.
+    #[arg(long)]
+    no_scale_down: bool,
+    /// Scale-down utilisation threshold (0..1).
+    #[arg(long, default_value_t = 0.5)]
+    scale_down_utilization: f64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+fn load_snapshot(path: Option<&Path>) -> anyhow::Result<gpuscale::k8s::LoadedSnapshot> {
+    Ok(match path {
+        Some(p) => gpuscale::k8s::load_snapshot(p)?,
+        None => {
+            let objects = gpuscale::k8s::parse_text(Path::new(EMBEDDED_SNAPSHOT_NAME), EMBEDDED_SNAPSHOT)?;
+            gpuscale::k8s::convert(&objects)?
+        }
+    })
+}
+
+/// Runs the command.
+pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    if !(0.0..=1.0).contains(&args.scale_down_utilization) {
+        anyhow::bail!("--scale-down-utilization: {} is outside 0..1", args.scale_down_utilization);
+    }
+    let loaded = load_snapshot(args.snapshot.as_deref())?;
+    let providers: ProviderConfig = if args.providers.is_empty() {
+        ProviderConfig::embedded_default()?
+    } else {
+        config::load_files(&args.providers)?
+    };
+    let input =
+        PlanInput { snapshot: loaded.snapshot, groups: providers.node_groups(), ..Default::default() };
+    let settings = PlannerSettings {
+        policy: args.policy,
+        scale_down: !args.no_scale_down,
+        scale_down_utilization: args.scale_down_utilization,
+        ..Default::default()
+    };
+    let mut plan = planner::plan(&input, &settings);
+    let mut warnings = loaded.warnings;
+    warnings.append(&mut plan.warnings);
+    plan.warnings = warnings;
+    let text = match args.output {
+        Output::Table => plan.to_table(),
+        Output::Json => serde_json::to_string_pretty(&plan).context("encoding the plan")? + "\n",
+        Output::Yaml => serde_yaml::to_string(&plan).context("encoding the plan")?,
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,278 @@
+//! Scale-down and consolidation: which nodes can go because their pods fit elsewhere, and which
+//! expensive nodes one cheaper node can replace.
+
+use super::cluster::{template_node, NodeInfo, Origin};
+use super::plan::{Kept, Replace, ScaleDown};
+use super::scale_up::pack_fresh;
+use super::{PlanInput, PlannerSettings};
+use crate::model::{DeviceAssignment, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload};
+use crate::scheduler::{Placement, Placer};
+use std::collections::BTreeMap;
+
+/// Result of the scale-down step.
+pub(crate) struct ScaleDowns {
+    pub scale_downs: Vec<ScaleDown>,
+    pub replacements: Vec<Replace>,
+    pub kept: Vec<Kept>,
+}
+
+/// How much of a node is in use: GPU allocation for GPU nodes, otherwise the larger of CPU and
+/// memory. GPU nodes are judged by their GPUs because that is what they cost.
+pub fn utilization(node: &Node) -> f64 {
+    if !node.gpus.is_empty() {
+        let cap = node.gpu_milli_capacity() as f64;
+        return (cap - node.gpu_milli_free() as f64) / cap;
+    }
+    let cpu = node.allocated.cpu_milli as f64 / node.allocatable.cpu_milli.max(1) as f64;
+    let mem = node.allocated.memory_bytes as f64 / node.allocatable.memory_bytes.max(1) as f64;
+    cpu.max(mem)
+}
+
+/// Pods that must move off a node, or why the node cannot be drained.
+fn movable_pods(
+    workloads: &[Workload],
+    pods: &[(usize, DeviceAssignment)],
+    budgets: &BTreeMap<String, u32>,
+    input: &PlanInput,
+) -> Result<Vec<(usize, DeviceAssignment)>, String> {
+    let mut out = Vec::new();
+    let mut needed: BTreeMap<&str, u32> = BTreeMap::new();
+    for (wi, devices) in pods {
+        let w = &workloads[*wi];
+        if matches!(w.owner, OwnerKind::DaemonSet | OwnerKind::Node) {
+            continue;
+        }
+        let running = w.node_name.is_some();
+        if running {
+            if let Some(reason) = &w.eviction_blocked {
+                return Err(format!("pod {} must not be evicted ({reason})", w.id));
+            }
+            if w.owner == OwnerKind::None {
+                return Err(format!("pod {} has no controller and would be lost", w.id));
+            }
+            for b in input.snapshot.disruption_budgets.iter().filter(|b| b.covers(w)) {
+                let n = needed.entry(b.id.as_str()).or_default();
+                *n += 1;
+                if *n > budgets.get(&b.id).copied().unwrap_or(0) {
+                    return Err(format!(
+                        "PodDisruptionBudget {} allows no more disruptions (pod {})",
+                        b.id, w.id
+                    ));
+                }
+            }
+        }
+        out.push((*wi, devices.clone()));
+    }
+    Ok(out)
+}
+
+/// Moves pods off `from` onto nodes `allowed` accepts; all or nothing.
+fn relocate(
+    placer: &mut Placer<'_>,
+    info: &mut [NodeInfo],
+    workloads: &[Workload],
+    from: NodeId,
+    pods: &[(usize, DeviceAssignment)],
+    allowed: &dyn Fn(NodeId) -> bool,
+) -> Option<Vec<(usize, Placement)>> {
+    for (wi, devices) in pods {
+        placer.release(&workloads[*wi], &Placement { node: from, devices: devices.clone() });
+    }
+    let mut order: Vec<&(usize, DeviceAssignment)> = pods.iter().collect();
+    // Hardest to place first.
+    order.sort_by_key(|(wi, _)| {
+        let w = &workloads[*wi];
+        std::cmp::Reverse((w.gpu.gpu_milli(0, None, 1), w.requests.cpu_milli, w.requests.memory_bytes))
+    });
+    let mut moved = Vec::new();
+    for (wi, _) in order {
+        match placer.place_where(&workloads[*wi], &|n| n != from && allowed(n)) {
+            Ok(p) => moved.push((*wi, p)),
+            Err(_) => {
+                for (mwi, p) in &moved {
+                    placer.release(&workloads[*mwi], p);
+                }
+                for (wi, devices) in pods {
+                    placer.commit(&workloads[*wi], &Placement { node: from, devices: devices.clone() });
+                }
+                return None;
+            }
+        }
+    }
+    for (wi, p) in &moved {
+        info[p.node].pods.push((*wi, p.devices.clone()));
+    }
+    info[from].pods.clear();
+    Some(moved)
+}
+
+/// Plans removals and replacements.
+pub(crate) fn plan(
+    placer: &mut Placer<'_>,
+    info: &mut Vec<NodeInfo>,
+    input: &PlanInput,
+    groups: &[NodeGroup],
+    settings: &PlannerSettings,
+    scale_up_pending: bool,
+) -> ScaleDowns {
+    let workloads = &input.snapshot.workloads;
+    let mut out = ScaleDowns { scale_downs: Vec::new(), replacements: Vec::new(), kept: Vec::new() };
+    let mut budgets: BTreeMap<String, u32> =
+        input.snapshot.disruption_budgets.iter().map(|b| (b.id.clone(), b.disruptions_allowed)).collect();
+    let mut removable: Vec<u32> = groups.iter().map(|g| g.target_size.saturating_sub(g.min_size)).collect();
+    let mut removed = vec![false; placer.nodes().len()];
+
+    let managed = |n: NodeId, info: &[NodeInfo], nodes: &[Node]| {
+        let node = &nodes[n];
+        info[n].origin == Origin::Ready
+            && info[n].group.is_some()
+            && node.state == NodeState::Ready
+            && !node.unschedulable
+    };
+    let mut candidates: Vec<(f64, u64, String, NodeId)> = (0..info.len())
+        .filter(|&n| managed(n, info, placer.nodes()))
+        .map(|n| {
+            let node = &placer.nodes()[n];
+            let price = info[n].group.map_or(0, |g| groups[g].price);
+            (utilization(node), price, node.name.clone(), n)
+        })
+        .filter(|(u, ..)| *u < settings.scale_down_utilization)
+        .collect();
+    candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+
+    let mut consolidate: Vec<NodeId> = Vec::new();
+    for (util, price, name, n) in candidates {
+        let gi = info[n].group.unwrap_or_default();
+        if placer.nodes()[n].scale_down_disabled {
+            out.kept.push(Kept { node: name, reason: "scale-down disabled by annotation".into() });
+            continue;
+        }
+        if removable[gi] == 0 {
+            out.kept.push(Kept {
+                node: name,
+                reason: format!("{} at min size {}", groups[gi].id, groups[gi].min_size),
+            });
+            continue;
+        }
+        let pods = match movable_pods(workloads, &info[n].pods, &budgets, input) {
+            Ok(p) => p,
+            Err(reason) => {
+                out.kept.push(Kept { node: name, reason });
+                continue;
+            }
+        };
+        // Pods move only to ready nodes that stay (not to capacity that is still on its way).
+        let targets: Vec<bool> = (0..info.len())
+            .map(|m| !removed.get(m).copied().unwrap_or(true) && info[m].origin == Origin::Ready)
+            .collect();
+        let ready_elsewhere = |m: NodeId| targets.get(m).copied().unwrap_or(false);
+        match relocate(placer, info, workloads, n, &pods, &ready_elsewhere) {
+            Some(moved) => {
+                removed[n] = true;
+                removable[gi] -= 1;
+                for (wi, _) in &moved {
+                    for b in input.snapshot.disruption_budgets.iter().filter(|b| b.covers(&workloads[*wi])) {
+                        if workloads[*wi].node_name.is_some() {
+                            *budgets.entry(b.id.clone()).or_default() -= 1;
+                        }
+                    }
+                }
+                let node = &placer.nodes()[n];
+                let what = if node.gpus.is_empty() { "CPU and memory" } else { "GPU allocation" };
+                out.scale_downs.push(ScaleDown {
+                    node: name,
+                    group: groups[gi].id.clone(),
+                    instance: node.provider_id.clone(),
+                    moves: moved
+                        .iter()
+                        .map(|(wi, p)| (workloads[*wi].id.clone(), placer.nodes()[p.node].name.clone()))
+                        .collect(),
+                    reason: if moved.is_empty() && util == 0.0 {
+                        "empty".to_string()
+                    } else {
+                        format!(
+                            "{what} {:.0}% < {:.0}%; its pods fit on other nodes",
+                            util * 100.0,
+                            settings.scale_down_utilization * 100.0
+                        )
+                    },
+                    saving_per_hour: price,
+                });
+            }
+            None => {
+                consolidate.push(n);
+                out.kept.push(Kept { node: name, reason: "its pods do not all fit on other nodes".into() });
+            }
+        }
+    }
+
+    if settings.consolidation && !scale_up_pending {
+        replace_expensive(placer, info, input, groups, &mut removed, &mut removable, &budgets, &mut out);
+    }
+    out
+}
+
+/// Replaces nodes by one node of a cheaper group that holds all their pods.
+fn replace_expensive(
+    placer: &mut Placer<'_>,
+    info: &mut Vec<NodeInfo>,
+    input: &PlanInput,
+    groups: &[NodeGroup],
+    removed: &mut Vec<bool>,
+    removable: &mut [u32],
+    budgets: &BTreeMap<String, u32>,
+    out: &mut ScaleDowns,
+) {
+    let workloads = &input.snapshot.workloads;
+    let mut added = vec![0u32; groups.len()];
+    let mut nodes: Vec<(u64, String, NodeId)> = (0..info.len())
+        .filter(|&n| {
+            info[n].origin == Origin::Ready && !removed[n] && placer.nodes()[n].state == NodeState::Ready
+        })
+        .filter(|&n| !placer.nodes()[n].scale_down_disabled)
+        .filter_map(|n| info[n].group.map(|g| (groups[g].price, placer.nodes()[n].name.clone(), n)))
+        .collect();
+    nodes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (price, name, n) in nodes {
+        let gi = info[n].group.unwrap_or_default();
+        if removable[gi] == 0 || info[n].pods.is_empty() {
+            continue;
+        }
+        let Ok(pods) = movable_pods(workloads, &info[n].pods, budgets, input) else { continue };
+        if pods.is_empty() {
+            continue;
+        }
+        let members: Vec<&Workload> = pods.iter().map(|(wi, _)| &workloads[*wi]).collect();
+        let cheaper = groups
+            .iter()
+            .enumerate()
+            .filter(|(h, g)| {
+                *h != gi
+                    && g.price < price
+                    && !input.unavailable.contains_key(&g.id)
+                    && g.max_size > g.target_size + added[*h]
+            })
+            .filter(|(_, g)| pack_fresh(g, &members, members.len(), 1).is_some())
+            .min_by(|a, b| a.1.price.cmp(&b.1.price).then(a.1.id.cmp(&b.1.id)));
+        let Some((h, g)) = cheaper else { continue };
+        // Move the pods onto the replacement node in the simulation.
+        let new_name =
+            format!("{}-new-{}", g.id.rsplit('/').next().unwrap_or(&g.id), g.target_size + added[h] + 1);
+        let new_id = placer.add_node(template_node(g, new_name, NodeState::Upcoming));
+        info.push(NodeInfo { group: Some(h), origin: Origin::New, pods: Vec::new() });
+        removed.push(false);
+        if relocate(placer, info, workloads, n, &pods, &|m| m == new_id).is_none() {
+            continue;
+        }
+        removed[n] = true;
+        removable[gi] -= 1;
+        added[h] += 1;
+        out.replacements.push(Replace {
+            node: name,
+            group: groups[gi].id.clone(),
+            replacement_group: g.id.clone(),
+            pods: members.iter().map(|w| w.id.clone()).collect(),
+            saving_per_hour: price - g.price,
+        });
+    }
+}
