@@ -58,8 +58,7 @@ impl GpuDemand {
             GpuDemand::None => 0,
             GpuDemand::Whole { count } => u64::from(*count) * u64::from(GPU_MILLI),
             GpuDemand::Fraction { count, milli, memory_mib } => {
-                let by_memory =
-                    if gpu_memory_mib > 0 { memory_mib * u64::from(GPU_MILLI) / gpu_memory_mib } else { 0 };
+                let by_memory = (memory_mib * u64::from(GPU_MILLI)).checked_div(gpu_memory_mib).unwrap_or(0);
                 u64::from(*count) * u64::from(*milli).max(by_memory).min(u64::from(GPU_MILLI))
             }
             GpuDemand::Mig { profile, count } => {

@@ -9,6 +9,16 @@ use crate::model::{DeviceAssignment, Node, NodeGroup, NodeId, NodeState, OwnerKi
 use crate::scheduler::{Placement, Placer};
 use std::collections::BTreeMap;
 
+/// What the scale-down step has decided so far.
+struct DrainState {
+    /// Nodes already removed.
+    removed: Vec<bool>,
+    /// Per group, how many more nodes may go before its min size.
+    removable: Vec<u32>,
+    /// Per PDB, evictions still allowed.
+    budgets: BTreeMap<String, u32>,
+}
+
 /// Result of the scale-down step.
 pub(crate) struct ScaleDowns {
     pub scale_downs: Vec<ScaleDown>,
@@ -207,7 +217,8 @@ pub(crate) fn plan(
     }
 
     if settings.consolidation && !scale_up_pending {
-        replace_expensive(placer, info, input, groups, &mut removed, &mut removable, &budgets, &mut out);
+        let mut state = DrainState { removed, removable, budgets };
+        replace_expensive(placer, info, input, groups, &mut state, &mut out);
     }
     out
 }
@@ -218,11 +229,10 @@ fn replace_expensive(
     info: &mut Vec<NodeInfo>,
     input: &PlanInput,
     groups: &[NodeGroup],
-    removed: &mut Vec<bool>,
-    removable: &mut [u32],
-    budgets: &BTreeMap<String, u32>,
+    state: &mut DrainState,
     out: &mut ScaleDowns,
 ) {
+    let DrainState { removed, removable, budgets } = state;
     let workloads = &input.snapshot.workloads;
     let mut added = vec![0u32; groups.len()];
     let mut nodes: Vec<(u64, String, NodeId)> = (0..info.len())

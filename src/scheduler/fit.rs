@@ -128,7 +128,7 @@ pub fn select_connected(node: &Node, idle: &[u8], k: usize) -> Vec<u8> {
 
 fn fraction(node: &Node, count: u32, milli: u32, memory_mib: u64) -> Result<Vec<DeviceAssignment>, Unfit> {
     if standard_gpus(node).next().is_none() {
-        return Err(if node.gpus.is_empty() { Unfit::NoSuchGpu } else { Unfit::NoSuchGpu });
+        return Err(Unfit::NoSuchGpu);
     }
     let fitting: Vec<&crate::model::GpuDevice> =
         standard_gpus(node).filter(|d| d.fits_fraction(milli, memory_mib)).collect();

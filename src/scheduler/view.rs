@@ -62,8 +62,7 @@ impl FreeView {
             DeviceAssignment::Fraction { gpus, milli, memory_mib } => {
                 for &g in gpus {
                     let gpu_mem = node.gpus.get(g as usize).map_or(0, |d| d.memory_mib);
-                    let by_mem =
-                        if gpu_mem > 0 { (memory_mib * u64::from(GPU_MILLI) / gpu_mem) as u32 } else { 0 };
+                    let by_mem = (memory_mib * u64::from(GPU_MILLI)).checked_div(gpu_mem).unwrap_or(0) as u32;
                     sub(g, (*milli).max(by_mem));
                 }
             }
