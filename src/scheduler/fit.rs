@@ -240,3 +240,127 @@ fn replicas(node: &Node, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
     gpus.sort_unstable();
     Ok(vec![DeviceAssignment::Replicas { gpus }])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuDevice, GpuTopology, Resources};
+
+    fn node(gpus: usize, topology: GpuTopology) -> Node {
+        Node {
+            name: "n".into(),
+            allocatable: Resources::new(64_000, 1 << 20),
+            gpu_model: Some("A100-80GB".into()),
+            gpus: (0..gpus).map(|i| GpuDevice::standard(i as u8, 81920)).collect(),
+            topology,
+            ..Default::default()
+        }
+    }
+
+    fn ask(gpu: GpuDemand) -> Workload {
+        Workload { requests: Resources::new(1000, 1), gpu, ..Default::default() }
+    }
+
+    #[test]
+    fn multi_gpu_pods_get_gpus_of_one_nvlink_domain_and_numa_node() {
+        // Two NVLink islands of four GPUs (0-3, 4-7), each on its own NUMA node; GPU 1 is taken.
+        let topo = GpuTopology {
+            numa: vec![0, 0, 0, 0, 1, 1, 1, 1],
+            nvlink_domain: vec![0, 0, 0, 0, 1, 1, 1, 1],
+            clique: None,
+        };
+        let mut n = node(8, topo);
+        n.allocate(&Resources::default(), &DeviceAssignment::Whole { gpus: vec![1] });
+        // Three GPUs: the island with exactly three free GPUs (0, 2, 3) is the tightest fit,
+        // keeping the four-GPU island whole.
+        let c = candidates(&n, &ask(GpuDemand::Whole { count: 3 })).unwrap();
+        assert_eq!(c, vec![DeviceAssignment::Whole { gpus: vec![0, 2, 3] }]);
+        // Four GPUs: only the second island has four.
+        let c = candidates(&n, &ask(GpuDemand::Whole { count: 4 })).unwrap();
+        assert_eq!(c, vec![DeviceAssignment::Whole { gpus: vec![4, 5, 6, 7] }]);
+        // Six GPUs span islands when nothing else fits.
+        let c = candidates(&n, &ask(GpuDemand::Whole { count: 6 })).unwrap();
+        assert!(matches!(&c[0], DeviceAssignment::Whole { gpus } if gpus.len() == 6 && !gpus.contains(&1)));
+        assert_eq!(candidates(&n, &ask(GpuDemand::Whole { count: 8 })), Err(Unfit::InsufficientGpu));
+    }
+
+    #[test]
+    fn fractional_shares_offer_one_candidate_per_gpu_state_and_respect_memory() {
+        let mut n = node(4, GpuTopology::default());
+        n.allocate(
+            &Resources::default(),
+            &DeviceAssignment::Fraction { gpus: vec![0], milli: 600, memory_mib: 40_000 },
+        );
+        n.allocate(
+            &Resources::default(),
+            &DeviceAssignment::Fraction { gpus: vec![1], milli: 600, memory_mib: 40_000 },
+        );
+        let c = candidates(&n, &ask(GpuDemand::Fraction { count: 1, milli: 300, memory_mib: 0 })).unwrap();
+        // GPUs 0 and 1 are in the same state, 2 and 3 too: two candidates.
+        assert_eq!(c.len(), 2);
+        // 50 GiB of memory no longer fits next to 40 GiB on an 80 GiB GPU.
+        let c =
+            candidates(&n, &ask(GpuDemand::Fraction { count: 1, milli: 100, memory_mib: 50_000 })).unwrap();
+        assert_eq!(c, vec![DeviceAssignment::Fraction { gpus: vec![2], milli: 100, memory_mib: 50_000 }]);
+        // 0.5 GPU no longer fits on a GPU with 0.4 free.
+        n.allocate(&Resources::default(), &DeviceAssignment::Whole { gpus: vec![2, 3] });
+        assert_eq!(
+            candidates(&n, &ask(GpuDemand::Fraction { count: 1, milli: 500, memory_mib: 0 })),
+            Err(Unfit::InsufficientGpu)
+        );
+        // Whole GPUs never go to a shared GPU.
+        assert_eq!(candidates(&n, &ask(GpuDemand::Whole { count: 1 })), Err(Unfit::InsufficientGpu));
+    }
+
+    #[test]
+    fn time_sliced_replicas_spread_over_the_least_shared_gpus() {
+        let mut n = node(2, GpuTopology::default());
+        for d in &mut n.gpus {
+            d.mode = GpuMode::TimeSliced { replicas: 4 };
+        }
+        n.allocate(&Resources::default(), &DeviceAssignment::Replicas { gpus: vec![0] });
+        // `nvidia.com/gpu: 3` on a time-sliced node is three replicas.
+        let c = candidates(&n, &ask(GpuDemand::Whole { count: 3 })).unwrap();
+        assert_eq!(c, vec![DeviceAssignment::Replicas { gpus: vec![0, 1, 1] }]);
+        assert_eq!(candidates(&n, &ask(GpuDemand::Shared { count: 8 })), Err(Unfit::InsufficientGpu));
+        assert_eq!(
+            candidates(&n, &ask(GpuDemand::Fraction { count: 1, milli: 500, memory_mib: 0 })),
+            Err(Unfit::NoSuchGpu)
+        );
+    }
+
+    #[test]
+    fn mig_single_strategy_serves_gpu_requests_with_instances() {
+        let mut n = node(1, GpuTopology::default());
+        n.labels.insert("nvidia.com/mig.strategy".into(), "single".into());
+        n.gpus[0].mode = GpuMode::Mig {
+            instances: (0..7)
+                .map(|s| crate::model::MigInstance {
+                    placement: crate::model::mig::MigPlacement { profile: "1g.10gb".into(), start: s },
+                    used: false,
+                })
+                .collect(),
+            dynamic: false,
+        };
+        let c = candidates(&n, &ask(GpuDemand::Whole { count: 2 })).unwrap();
+        assert!(matches!(&c[0], DeviceAssignment::Mig { instances } if instances.len() == 2));
+        assert_eq!(candidates(&n, &ask(GpuDemand::Whole { count: 8 })), Err(Unfit::InsufficientGpu));
+    }
+
+    #[test]
+    fn dynamic_mig_creates_valid_instances_on_demand() {
+        let mut n = node(1, GpuTopology::default());
+        n.gpus[0].mode = GpuMode::Mig { instances: vec![], dynamic: true };
+        let w = ask(GpuDemand::Mig { profile: "3g.40gb".into(), count: 1 });
+        let c = candidates(&n, &w).unwrap();
+        n.allocate(&Resources::default(), &c[0]);
+        let c2 = candidates(&n, &w).unwrap();
+        n.allocate(&Resources::default(), &c2[0]);
+        // Two 3g.40gb fill the GPU's valid starts (0 and 4); a third does not fit.
+        assert_eq!(candidates(&n, &w), Err(Unfit::InsufficientGpu));
+        assert_eq!(
+            candidates(&n, &ask(GpuDemand::Mig { profile: "9g.99gb".into(), count: 1 })),
+            Err(Unfit::NoSuchGpu)
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! The `gpuscale` binary as users run it.
+
+use std::path::Path;
+use std::process::Command;
+
+fn gpuscale(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs gpuscale")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn plan_with_no_arguments_shows_a_real_plan_of_the_example_cluster() {
+    let out = gpuscale(&["plan"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("SCALE-UP      sim/gpu-h100"), "{stdout}");
+    assert!(stdout.contains("COST "), "{stdout}");
+}
+
+#[test]
+fn plan_json_and_yaml_are_machine_readable() {
+    let out = gpuscale(&["plan", "-o", "json"]);
+    assert!(out.status.success());
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(plan["scale_ups"][0]["group"], "sim/gpu-h100");
+    let out = gpuscale(&["plan", "-o", "yaml"]);
+    let plan: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("valid YAML");
+    assert!(plan["cost_after"].as_u64().unwrap() > plan["cost_before"].as_u64().unwrap());
+}
+
+#[test]
+fn malformed_snapshot_fails_with_file_object_and_field_and_prints_no_plan() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/snapshots/malformed");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let out = gpuscale(&["plan", "--snapshot", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", path.display());
+        assert!(out.stdout.is_empty(), "a plan was printed for {}", path.display());
+        let err = text(&out.stderr);
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert!(err.contains(name), "error does not name the file: {err}");
+    }
+    let out = gpuscale(&["plan", "--snapshot", dir.join("bad-quantity.json").to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(err.contains("status.allocatable.memory") && err.contains("61736Mb"), "{err}");
+}
+
+#[test]
+fn bad_provider_config_fails_with_field_path_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("providers.yaml");
+    std::fs::write(
+        &path,
+        "accounts:\n  - name: a\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      - {name: g, instanceType: g6.xlarge, zones: [us-east-1a], minSize: 3, maxSize: 1}\n",
+    )
+    .unwrap();
+    let out = gpuscale(&["plan", "--providers", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let err = text(&out.stderr);
+    assert!(err.contains("providers.yaml") && err.contains("accounts[0].nodeGroups[0]"), "{err}");
+}
+
+#[test]
+fn simulate_writes_curve_summary_and_plot() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/openb");
+    assert!(trace.exists(), "openb trace missing at {}", trace.display());
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = gpuscale(&[
+        "simulate",
+        "--nodes",
+        trace.join("openb_node_list_gpu_node.csv").to_str().unwrap(),
+        "--pods",
+        trace.join("openb_pod_list_default.csv").to_str().unwrap(),
+        "--policy",
+        "fgd,gpuscale",
+        "--seeds",
+        "42-43",
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("fgd") && stdout.contains("gpuscale") && stdout.contains("ALLOC@130%"),
+        "{stdout}"
+    );
+    let csv = std::fs::read_to_string(out_dir.path().join("curve.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("arrived_pct,fgd,gpuscale"));
+    assert_eq!(lines.count(), 131, "one row per 1% from 0 to 130");
+    let svg = std::fs::read_to_string(out_dir.path().join("allocation.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("gpuscale"));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary[0]["seeds"], serde_json::json!([42, 43]));
+}
+
+#[test]
+fn simulate_rejects_a_bad_trace_row_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = dir.path().join("nodes.csv");
+    std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,64000,-1,2,P100\n")
+        .unwrap();
+    let pods = dir.path().join("pods.csv");
+    std::fs::write(&pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1000,1,500\n").unwrap();
+    let out = gpuscale(&["simulate", "--nodes", nodes.to_str().unwrap(), "--pods", pods.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("nodes.csv") && err.contains("line 3") && err.contains("memory_mib"), "{err}");
+}
