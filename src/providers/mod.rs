@@ -4,6 +4,9 @@
 //! [`crate::model::NodeGroup`], and sizes are absolute targets so that a retried call can never
 //! double a scale-up.
 
+#[cfg(feature = "aws")]
+pub mod aws;
+
 use crate::model::{ErrorClass, NodeGroup};
 use std::future::Future;
 use std::time::Duration;
