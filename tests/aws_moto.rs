@@ -838,3 +838,43 @@ async fn reads_legacy_launch_configuration_groups() {
     assert_eq!(g.instances.len(), 1);
     assert_eq!(g.instances[0].state, InstanceState::Running);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assumes_the_configured_role_through_sts() {
+    let endpoint = moto();
+    let (asg_client, ec2) = clients(&endpoint).await;
+    let cluster = unique("role");
+    let lt = unique("lt");
+    launch_template(&ec2, &lt, "g5.xlarge", false).await;
+    let name = unique("role-asg");
+    asg(
+        &asg_client,
+        &name,
+        &lt,
+        None,
+        (0, 2, 0),
+        cluster_tags(&name, &cluster),
+    )
+    .await;
+
+    // The static credentials sign STS AssumeRole; moto's STS hands out session credentials
+    // that then sign the Auto Scaling and EC2 calls.
+    let mut s = settings(&endpoint, &cluster);
+    s.role_arn = Some("arn:aws:iam::123456789012:role/gpuscale-autoscaler".into());
+    s.external_id = Some("gpuscale-test".into());
+    let provider = AwsProvider::connect(s).await.expect("connect with role");
+    let groups = provider.refresh().await.expect("refresh with assumed role");
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].id, format!("aws/test/{name}"));
+    provider
+        .set_target_size(&groups[0].id, 1)
+        .await
+        .expect("scale with assumed role");
+    assert_eq!(desired_of(&asg_client, &name).await.0, 1);
+
+    // Settings that cannot work are refused before any call.
+    let mut bad = settings(&endpoint, &cluster);
+    bad.role_arn = Some("gpuscale-autoscaler".into());
+    let err = AwsProvider::connect(bad).await.expect_err("bad role arn");
+    assert!(err.to_string().contains("role_arn"), "{err}");
+}
