@@ -4,6 +4,8 @@
 //! [`crate::model::NodeGroup`], and sizes are absolute targets so that a retried call can never
 //! double a scale-up.
 
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod catalog;
 pub mod config;
 #[cfg(feature = "gcp")]

@@ -1,0 +1,880 @@
+//! The AWS provider against moto (the AWS API emulator in server mode) and against a loopback
+//! server that throttles in AWS's wire format.
+//!
+//! Uses `MOTO_ENDPOINT` when set; otherwise starts one moto server for the whole test binary
+//! with `scripts/moto.sh` (installing moto with pip on first use), stopped by the script's
+//! watchdog when this process exits.
+#![cfg(feature = "aws")]
+
+use aws_config::BehaviorVersion;
+use aws_sdk_autoscaling::types::{
+    InstancesDistribution, LaunchTemplate, LaunchTemplateOverrides, LaunchTemplateSpecification,
+    MixedInstancesPolicy, Tag,
+};
+use aws_sdk_ec2::types::{
+    InstanceType, LaunchTemplateInstanceMarketOptionsRequest, MarketType, RequestLaunchTemplateData,
+};
+use gpuscale::model::{dollars, CapacityType, InstanceState, NodeGroup, TaintEffect};
+use gpuscale::providers::aws::{AwsProvider, AwsSettings, PriceSource, StaticCredentials};
+use gpuscale::providers::{CloudProvider, ProviderError};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const REGION: &str = "us-east-1";
+const ZONE: &str = "us-east-1a";
+/// An AMI moto ships in its default image list.
+const AMI: &str = "ami-12c6146b";
+const ENABLED: &str = "k8s.io/cluster-autoscaler/enabled";
+
+static MOTO: OnceLock<Result<String, String>> = OnceLock::new();
+
+/// The moto endpoint shared by all tests of this binary.
+fn moto() -> String {
+    MOTO.get_or_init(|| {
+        if let Ok(ep) = std::env::var("MOTO_ENDPOINT") {
+            return Ok(ep);
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/moto.sh");
+        let state = std::env::temp_dir().join(format!("gpuscale-moto-{}", std::process::id()));
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .env("MOTO_STATE_DIR", &state)
+            .env("MOTO_OWNER_PID", std::process::id().to_string())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let endpoint = stdout.lines().last().unwrap_or("").trim().to_owned();
+        if !out.status.success() || !endpoint.starts_with("http://") {
+            return Err(format!(
+                "{} start failed ({}): stdout {stdout:?}, stderr {:?}",
+                script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(endpoint)
+    })
+    .clone()
+    .unwrap_or_else(|e| {
+        panic!("moto is needed for the AWS provider tests and could not start: {e}")
+    })
+}
+
+/// A name no other test (or earlier run against the same server) uses.
+fn unique(prefix: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn settings(endpoint: &str, cluster: &str) -> AwsSettings {
+    let mut s = AwsSettings::new("test", REGION);
+    s.endpoint_url = Some(endpoint.to_owned());
+    s.discovery_tags = BTreeMap::from([
+        (ENABLED.to_owned(), "true".to_owned()),
+        (
+            format!("k8s.io/cluster-autoscaler/{cluster}"),
+            String::new(),
+        ),
+    ]);
+    s.static_credentials_for_tests = Some(StaticCredentials {
+        access_key_id: "testing".into(),
+        secret_access_key: "testing".into(),
+        session_token: None,
+    });
+    s
+}
+
+/// Raw SDK clients for setting up fixtures in moto.
+async fn clients(endpoint: &str) -> (aws_sdk_autoscaling::Client, aws_sdk_ec2::Client) {
+    let config = aws_config::defaults(BehaviorVersion::latest())
+        .region(aws_config::Region::new(REGION))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_credential_types::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .load()
+        .await;
+    (
+        aws_sdk_autoscaling::Client::new(&config),
+        aws_sdk_ec2::Client::new(&config),
+    )
+}
+
+async fn launch_template(ec2: &aws_sdk_ec2::Client, name: &str, instance_type: &str, spot: bool) {
+    let mut data = RequestLaunchTemplateData::builder()
+        .image_id(AMI)
+        .instance_type(InstanceType::from(instance_type));
+    if spot {
+        data = data.instance_market_options(
+            LaunchTemplateInstanceMarketOptionsRequest::builder()
+                .market_type(MarketType::Spot)
+                .build(),
+        );
+    }
+    ec2.create_launch_template()
+        .launch_template_name(name)
+        .launch_template_data(data.build())
+        .send()
+        .await
+        .expect("CreateLaunchTemplate");
+}
+
+fn tag(group: &str, key: &str, value: &str) -> Tag {
+    Tag::builder()
+        .resource_id(group)
+        .resource_type("auto-scaling-group")
+        .key(key)
+        .value(value)
+        .propagate_at_launch(false)
+        .build()
+}
+
+fn cluster_tags(group: &str, cluster: &str) -> Vec<Tag> {
+    vec![
+        tag(group, ENABLED, "true"),
+        tag(
+            group,
+            &format!("k8s.io/cluster-autoscaler/{cluster}"),
+            "owned",
+        ),
+    ]
+}
+
+/// An ASG on a launch template.
+async fn asg(
+    asg: &aws_sdk_autoscaling::Client,
+    name: &str,
+    template: &str,
+    version: Option<&str>,
+    (min, max, desired): (i32, i32, i32),
+    tags: Vec<Tag>,
+) {
+    asg.create_auto_scaling_group()
+        .auto_scaling_group_name(name)
+        .launch_template(
+            LaunchTemplateSpecification::builder()
+                .launch_template_name(template)
+                .set_version(version.map(str::to_owned))
+                .build(),
+        )
+        .min_size(min)
+        .max_size(max)
+        .desired_capacity(desired)
+        .availability_zones(ZONE)
+        .set_tags(Some(tags))
+        .send()
+        .await
+        .expect("CreateAutoScalingGroup");
+}
+
+async fn desired_of(client: &aws_sdk_autoscaling::Client, name: &str) -> (i32, Vec<String>) {
+    let out = client
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(name)
+        .send()
+        .await
+        .expect("DescribeAutoScalingGroups");
+    let g = &out.auto_scaling_groups()[0];
+    let mut ids: Vec<String> = g
+        .instances()
+        .iter()
+        .filter_map(|i| i.instance_id().map(str::to_owned))
+        .collect();
+    ids.sort();
+    (g.desired_capacity().unwrap(), ids)
+}
+
+fn by_id<'a>(groups: &'a [NodeGroup], id: &str) -> &'a NodeGroup {
+    groups.iter().find(|g| g.id == id).unwrap_or_else(|| {
+        panic!(
+            "group {id} not discovered; got {:?}",
+            groups.iter().map(|g| &g.id).collect::<Vec<_>>()
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
+    let endpoint = moto();
+    let (asg_client, ec2) = clients(&endpoint).await;
+    let cluster = unique("disc");
+    let prefix = format!("{cluster}-gpu-");
+
+    let lt_g5 = unique("lt-g5");
+    launch_template(&ec2, &lt_g5, "g5.xlarge", false).await;
+    // Version 2 of this template switches to g6.xlarge; version 1 stays the default.
+    let lt_multi = unique("lt-multi");
+    launch_template(&ec2, &lt_multi, "g5.12xlarge", false).await;
+    ec2.create_launch_template_version()
+        .launch_template_name(&lt_multi)
+        .launch_template_data(
+            RequestLaunchTemplateData::builder()
+                .image_id(AMI)
+                .instance_type(InstanceType::from("g6.xlarge"))
+                .build(),
+        )
+        .send()
+        .await
+        .expect("CreateLaunchTemplateVersion");
+    let lt_spot = unique("lt-spot");
+    launch_template(&ec2, &lt_spot, "g5.xlarge", true).await;
+
+    // A10G on-demand with labels, taints and a price tag.
+    let a10g = format!("{prefix}a10g");
+    let mut tags = cluster_tags(&a10g, &cluster);
+    tags.push(tag(
+        &a10g,
+        "k8s.io/cluster-autoscaler/node-template/label/team",
+        "ml",
+    ));
+    tags.push(tag(
+        &a10g,
+        "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu",
+        "present:NoSchedule",
+    ));
+    tags.push(tag(&a10g, "gpuscale.io/price-on-demand", "1.006"));
+    asg(&asg_client, &a10g, &lt_g5, None, (0, 4, 0), tags).await;
+
+    // Explicit $Latest reads version 2 (L4); $Default reads version 1 (4x A10G).
+    let l4 = format!("{prefix}l4");
+    asg(
+        &asg_client,
+        &l4,
+        &lt_multi,
+        Some("$Latest"),
+        (0, 2, 0),
+        cluster_tags(&l4, &cluster),
+    )
+    .await;
+    let a10g4 = format!("{prefix}a10g4");
+    asg(
+        &asg_client,
+        &a10g4,
+        &lt_multi,
+        Some("$Default"),
+        (0, 2, 0),
+        cluster_tags(&a10g4, &cluster),
+    )
+    .await;
+
+    // Spot through the launch template's market options.
+    let spot_lt = format!("{prefix}spot-lt");
+    asg(
+        &asg_client,
+        &spot_lt,
+        &lt_spot,
+        None,
+        (0, 2, 0),
+        cluster_tags(&spot_lt, &cluster),
+    )
+    .await;
+
+    // p4d through a mixed instances policy: first override, all-spot distribution.
+    let p4d = format!("{prefix}p4d");
+    asg_client
+        .create_auto_scaling_group()
+        .auto_scaling_group_name(&p4d)
+        .mixed_instances_policy(
+            MixedInstancesPolicy::builder()
+                .launch_template(
+                    LaunchTemplate::builder()
+                        .launch_template_specification(
+                            LaunchTemplateSpecification::builder()
+                                .launch_template_name(&lt_g5)
+                                .version("$Latest")
+                                .build(),
+                        )
+                        .overrides(
+                            LaunchTemplateOverrides::builder()
+                                .instance_type("p4d.24xlarge")
+                                .build(),
+                        )
+                        .overrides(
+                            LaunchTemplateOverrides::builder()
+                                .instance_type("p5.48xlarge")
+                                .build(),
+                        )
+                        .build(),
+                )
+                .instances_distribution(
+                    InstancesDistribution::builder()
+                        .on_demand_base_capacity(0)
+                        .on_demand_percentage_above_base_capacity(0)
+                        .spot_allocation_strategy("capacity-optimized")
+                        .build(),
+                )
+                .build(),
+        )
+        .min_size(0)
+        .max_size(8)
+        .desired_capacity(0)
+        .availability_zones(ZONE)
+        .availability_zones("us-east-1b")
+        .set_tags(Some(cluster_tags(&p4d, &cluster)))
+        .send()
+        .await
+        .expect("CreateAutoScalingGroup p4d");
+
+    // Not managed: another cluster's tag, and this cluster's tag without the name prefix.
+    let other = format!("{prefix}other");
+    asg(
+        &asg_client,
+        &other,
+        &lt_g5,
+        None,
+        (0, 2, 0),
+        cluster_tags(&other, &unique("other-cluster")),
+    )
+    .await;
+    let unprefixed = format!("{cluster}-cpu-x");
+    asg(
+        &asg_client,
+        &unprefixed,
+        &lt_g5,
+        None,
+        (0, 2, 0),
+        cluster_tags(&unprefixed, &cluster),
+    )
+    .await;
+
+    let mut s = settings(&endpoint, &cluster);
+    s.name_prefix = Some(prefix.clone());
+    let provider = AwsProvider::connect(s).await.expect("connect");
+    let discovered = provider.discover().await.expect("discover");
+    let groups: Vec<NodeGroup> = discovered.iter().map(|d| d.group.clone()).collect();
+    let mut ids: Vec<&str> = groups.iter().map(|g| g.id.as_str()).collect();
+    ids.sort();
+    let mut want: Vec<String> = [&a10g, &a10g4, &l4, &p4d, &spot_lt]
+        .iter()
+        .map(|n| format!("aws/test/{n}"))
+        .collect();
+    want.sort();
+    assert_eq!(ids, want);
+
+    // A10G: moto's (and EC2's) g5.xlarge: 4 vCPU, 16 GiB, one A10G with 22888 MiB.
+    let g = by_id(&groups, &format!("aws/test/{a10g}"));
+    assert_eq!(g.account, "test");
+    assert_eq!(g.instance_type, "g5.xlarge");
+    assert_eq!(g.capacity_type, CapacityType::OnDemand);
+    assert_eq!(g.price, 1_006_000);
+    assert_eq!((g.min_size, g.max_size, g.target_size), (0, 4, 0));
+    assert_eq!(g.zones, vec![ZONE.to_owned()]);
+    let t = &g.template;
+    assert_eq!(t.gpu_model.as_deref(), Some("A10G"));
+    assert_eq!(t.gpus.len(), 1);
+    assert_eq!(t.gpus[0].memory_mib, 22888);
+    assert_eq!(t.allocatable.cpu_milli, 4000);
+    assert_eq!(t.allocatable.memory_mib(), 16384);
+    assert_eq!(t.zone.as_deref(), Some(ZONE));
+    assert_eq!(t.labels["team"], "ml");
+    assert_eq!(t.labels["node.kubernetes.io/instance-type"], "g5.xlarge");
+    assert_eq!(t.labels["kubernetes.io/arch"], "amd64");
+    assert_eq!(t.taints.len(), 1);
+    assert_eq!(t.taints[0].key, "nvidia.com/gpu");
+    assert_eq!(t.taints[0].value, "present");
+    assert_eq!(t.taints[0].effect, TaintEffect::NoSchedule);
+    let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
+    assert_eq!(d.price_source, PriceSource::Tag);
+
+    // Launch template versions.
+    let g = by_id(&groups, &format!("aws/test/{l4}"));
+    assert_eq!(g.instance_type, "g6.xlarge");
+    assert_eq!(g.template.gpu_model.as_deref(), Some("L4"));
+    assert_eq!(g.template.gpus.len(), 1);
+    assert_eq!(
+        g.price, 0,
+        "no price tag, on-demand: price left for the catalog"
+    );
+    let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
+    assert_eq!(d.price_source, PriceSource::Unknown);
+    let g = by_id(&groups, &format!("aws/test/{a10g4}"));
+    assert_eq!(g.instance_type, "g5.12xlarge");
+    assert_eq!(g.template.gpus.len(), 4);
+    assert_eq!(g.template.allocatable.cpu_milli, 48_000);
+
+    // Spot from launch template market options, priced from spot history.
+    let g = by_id(&groups, &format!("aws/test/{spot_lt}"));
+    assert_eq!(g.capacity_type, CapacityType::Spot);
+    let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
+    assert_eq!(d.price_source, PriceSource::SpotHistory);
+    let zone_price = d.spot_prices[ZONE];
+    assert!(zone_price > 0.0);
+    assert_eq!(g.price, dollars(zone_price));
+
+    // p4d: 8x A100 40 GB, 96 vCPU, 1152 GiB; spot via the mixed policy, priced from history.
+    let g = by_id(&groups, &format!("aws/test/{p4d}"));
+    assert_eq!(g.instance_type, "p4d.24xlarge");
+    assert_eq!(g.capacity_type, CapacityType::Spot);
+    assert_eq!(g.zones, vec![ZONE.to_owned(), "us-east-1b".to_owned()]);
+    let t = &g.template;
+    assert_eq!(t.gpu_model.as_deref(), Some("A100-40GB"));
+    assert_eq!(t.gpus.len(), 8);
+    assert!(t.gpus.iter().all(|d| d.memory_mib == 40960));
+    assert_eq!(t.allocatable.cpu_milli, 96_000);
+    assert_eq!(t.allocatable.memory_mib(), 1_179_648);
+    assert!(t.mig_geometry().is_some(), "A100 carries its MIG geometry");
+    assert_eq!(t.labels["eks.amazonaws.com/capacityType"], "SPOT");
+    let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
+    assert_eq!(d.price_source, PriceSource::SpotHistory);
+    let highest = [ZONE, "us-east-1b"]
+        .iter()
+        .map(|z| d.spot_prices[*z])
+        .fold(0.0, f64::max);
+    assert_eq!(g.price, dollars(highest));
+    assert!(d.launch_failure.is_none());
+
+    // refresh() returns the same groups.
+    let refreshed = provider.refresh().await.expect("refresh");
+    assert_eq!(refreshed.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scales_up_and_terminates_a_specific_instance() {
+    let endpoint = moto();
+    let (asg_client, ec2) = clients(&endpoint).await;
+    let cluster = unique("scale");
+    let lt = unique("lt");
+    launch_template(&ec2, &lt, "g6.xlarge", false).await;
+    let name = unique("scale-asg");
+    asg(
+        &asg_client,
+        &name,
+        &lt,
+        None,
+        (0, 4, 0),
+        cluster_tags(&name, &cluster),
+    )
+    .await;
+    let id = format!("aws/test/{name}");
+    let provider = AwsProvider::connect(settings(&endpoint, &cluster))
+        .await
+        .unwrap();
+
+    provider.set_target_size(&id, 3).await.expect("scale up");
+    let groups = provider.refresh().await.unwrap();
+    let g = by_id(&groups, &id);
+    assert_eq!(g.target_size, 3);
+    assert_eq!(g.instances.len(), 3);
+    assert!(g
+        .instances
+        .iter()
+        .all(|i| i.state == InstanceState::Running));
+    assert!(
+        g.instances
+            .iter()
+            .all(|i| i.id.starts_with(&format!("aws:///{ZONE}/i-"))),
+        "{:?}",
+        g.instances
+    );
+    let before = g.instances.clone();
+
+    // Same target again: no change, same instances.
+    provider.set_target_size(&id, 3).await.expect("idempotent");
+    // The bare ASG name works too.
+    provider
+        .set_target_size(&name, 3)
+        .await
+        .expect("idempotent by name");
+    let (desired, ids) = desired_of(&asg_client, &name).await;
+    assert_eq!(desired, 3);
+    assert_eq!(ids.len(), 3);
+
+    // Terminate the second instance by provider id: target and instances shrink by one.
+    let victim = before[1].id.clone();
+    provider
+        .delete_instances(&id, std::slice::from_ref(&victim))
+        .await
+        .expect("delete");
+    let groups = provider.refresh().await.unwrap();
+    let g = by_id(&groups, &id);
+    assert_eq!(g.target_size, 2);
+    let mut left: Vec<&str> = g.instances.iter().map(|i| i.id.as_str()).collect();
+    left.sort();
+    let mut want: Vec<&str> = before
+        .iter()
+        .map(|i| i.id.as_str())
+        .filter(|i| *i != victim)
+        .collect();
+    want.sort();
+    assert_eq!(left, want);
+
+    // A bare instance id works as well.
+    let bare = want[0].rsplit('/').next().unwrap().to_owned();
+    provider
+        .delete_instances(&id, std::slice::from_ref(&bare))
+        .await
+        .expect("delete bare id");
+    let (desired, ids) = desired_of(&asg_client, &name).await;
+    assert_eq!(desired, 1);
+    assert_eq!(ids.len(), 1);
+    assert_ne!(ids[0], bare);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_out_of_range_targets_unknown_groups_and_foreign_instances() {
+    let endpoint = moto();
+    let (asg_client, ec2) = clients(&endpoint).await;
+    let cluster = unique("reject");
+    let lt = unique("lt");
+    launch_template(&ec2, &lt, "g5.xlarge", false).await;
+    let name = unique("reject-asg");
+    asg(
+        &asg_client,
+        &name,
+        &lt,
+        None,
+        (1, 3, 1),
+        cluster_tags(&name, &cluster),
+    )
+    .await;
+    let other = unique("reject-other");
+    asg(
+        &asg_client,
+        &other,
+        &lt,
+        None,
+        (0, 3, 1),
+        cluster_tags(&other, &cluster),
+    )
+    .await;
+    let unmanaged = unique("reject-unmanaged");
+    asg(
+        &asg_client,
+        &unmanaged,
+        &lt,
+        None,
+        (0, 3, 0),
+        vec![tag(&unmanaged, ENABLED, "true")],
+    )
+    .await;
+    let id = format!("aws/test/{name}");
+    let provider = AwsProvider::connect(settings(&endpoint, &cluster))
+        .await
+        .unwrap();
+
+    match provider.set_target_size(&id, 4).await {
+        Err(ProviderError::SizeOutOfRange {
+            group,
+            target: 4,
+            min: 1,
+            max: 3,
+        }) => assert_eq!(group, id),
+        other => panic!("expected SizeOutOfRange, got {other:?}"),
+    }
+    assert!(matches!(
+        provider.set_target_size(&id, 0).await,
+        Err(ProviderError::SizeOutOfRange { target: 0, .. })
+    ));
+    assert_eq!(
+        desired_of(&asg_client, &name).await.0,
+        1,
+        "desired capacity untouched"
+    );
+
+    for group in [
+        "aws/test/no-such-group".to_owned(),
+        format!("aws/test/{unmanaged}"),
+    ] {
+        assert!(
+            matches!(provider.set_target_size(&group, 1).await, Err(ProviderError::GroupNotFound(ref g)) if *g == group),
+            "{group}"
+        );
+        assert!(matches!(
+            provider
+                .delete_instances(&group, &["i-0123456789abcdef0".to_owned()])
+                .await,
+            Err(ProviderError::GroupNotFound(_))
+        ));
+    }
+
+    // An instance of another group, and a malformed reference.
+    let (_, other_ids) = desired_of(&asg_client, &other).await;
+    let foreign = other_ids[0].clone();
+    match provider
+        .delete_instances(&id, std::slice::from_ref(&foreign))
+        .await
+    {
+        Err(ProviderError::InstanceNotFound { group, instance }) => {
+            assert_eq!(group, id);
+            assert_eq!(instance, foreign);
+        }
+        other => panic!("expected InstanceNotFound, got {other:?}"),
+    }
+    assert!(matches!(
+        provider.delete_instances(&id, &["node-1".to_owned()]).await,
+        Err(ProviderError::InstanceNotFound { .. })
+    ));
+    assert_eq!(desired_of(&asg_client, &other).await, (1, other_ids));
+
+    // Deleting the only instance would go below min size 1.
+    let (_, own) = desired_of(&asg_client, &name).await;
+    assert_eq!(own.len(), 1);
+    assert!(matches!(
+        provider.delete_instances(&id, &own).await,
+        Err(ProviderError::SizeOutOfRange {
+            target: 0,
+            min: 1,
+            ..
+        })
+    ));
+    assert_eq!(desired_of(&asg_client, &name).await, (1, own));
+}
+
+/// A loopback server answering every request with a canned status and body; counts requests.
+async fn canned_server(
+    respond: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let respond = Arc::new(respond);
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let counter = counter.clone();
+            let respond = respond.clone();
+            tokio::spawn(async move {
+                // Read the head, then Content-Length bytes of body.
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    let n = match sock.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break p + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    match sock.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).into_owned();
+                let (status, reply) = respond(&body);
+                let response = format!(
+                    "HTTP/1.1 {status} {}\r\nContent-Type: text/xml\r\nContent-Length: {}\r\nx-amzn-requestid: 0f1e2d3c\r\nConnection: close\r\n\r\n{reply}",
+                    if status == 200 { "OK" } else { "Error" },
+                    reply.len()
+                );
+                let _ = sock.write_all(response.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}"), hits)
+}
+
+fn throttle_settings(endpoint: &str) -> AwsSettings {
+    let mut s = settings(endpoint, "throttled");
+    s.max_attempts = 1;
+    s.operation_timeout_secs = 10;
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autoscaling_throttling_maps_to_throttled() {
+    let (endpoint, hits) = canned_server(|_| {
+        (
+            400,
+            r#"<ErrorResponse xmlns="http://autoscaling.amazonaws.com/doc/2011-01-01/">
+  <Error>
+    <Type>Sender</Type>
+    <Code>Throttling</Code>
+    <Message>Rate exceeded</Message>
+  </Error>
+  <RequestId>8c2a5a3e-0000-4000-8000-000000000000</RequestId>
+</ErrorResponse>"#
+                .to_owned(),
+        )
+    })
+    .await;
+    let provider = AwsProvider::connect(throttle_settings(&endpoint))
+        .await
+        .unwrap();
+    let err = provider.refresh().await.expect_err("throttled");
+    assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
+    assert!(err.is_retryable());
+    let err = provider
+        .set_target_size("aws/test/any", 1)
+        .await
+        .expect_err("throttled");
+    assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "one request per call with max_attempts = 1"
+    );
+
+    // With retries the SDK tries again before giving up.
+    let mut s = throttle_settings(&endpoint);
+    s.max_attempts = 2;
+    let provider = AwsProvider::connect(s).await.unwrap();
+    let err = provider.refresh().await.expect_err("throttled");
+    assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
+    assert_eq!(hits.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec2_request_limit_exceeded_maps_to_throttled() {
+    // Auto Scaling answers with one spot p4d group; EC2 then throttles DescribeInstanceTypes in
+    // its own error shape.
+    let (endpoint, hits) = canned_server(|body| {
+        if body.contains("Action=DescribeAutoScalingGroups") {
+            (
+                200,
+                r#"<DescribeAutoScalingGroupsResponse xmlns="http://autoscaling.amazonaws.com/doc/2011-01-01/">
+  <DescribeAutoScalingGroupsResult>
+    <AutoScalingGroups>
+      <member>
+        <AutoScalingGroupName>gpu</AutoScalingGroupName>
+        <MixedInstancesPolicy>
+          <LaunchTemplate>
+            <LaunchTemplateSpecification><LaunchTemplateName>lt</LaunchTemplateName><Version>$Latest</Version></LaunchTemplateSpecification>
+            <Overrides><member><InstanceType>p4d.24xlarge</InstanceType></member></Overrides>
+          </LaunchTemplate>
+          <InstancesDistribution><OnDemandBaseCapacity>0</OnDemandBaseCapacity><OnDemandPercentageAboveBaseCapacity>0</OnDemandPercentageAboveBaseCapacity></InstancesDistribution>
+        </MixedInstancesPolicy>
+        <MinSize>0</MinSize><MaxSize>4</MaxSize><DesiredCapacity>0</DesiredCapacity>
+        <AvailabilityZones><member>us-east-1a</member></AvailabilityZones>
+        <Instances/>
+        <Tags><member><ResourceId>gpu</ResourceId><ResourceType>auto-scaling-group</ResourceType><Key>k8s.io/cluster-autoscaler/enabled</Key><Value>true</Value><PropagateAtLaunch>false</PropagateAtLaunch></member></Tags>
+      </member>
+    </AutoScalingGroups>
+  </DescribeAutoScalingGroupsResult>
+  <ResponseMetadata><RequestId>8c2a5a3e-0000-4000-8000-000000000001</RequestId></ResponseMetadata>
+</DescribeAutoScalingGroupsResponse>"#
+                    .to_owned(),
+            )
+        } else {
+            (
+                503,
+                r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>8c2a5a3e-0000-4000-8000-000000000002</RequestID></Response>"#
+                    .to_owned(),
+            )
+        }
+    })
+    .await;
+    let provider = AwsProvider::connect(throttle_settings(&endpoint))
+        .await
+        .unwrap();
+    let err = provider.refresh().await.expect_err("throttled");
+    assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_legacy_launch_configuration_groups() {
+    let endpoint = moto();
+    let (asg_client, _) = clients(&endpoint).await;
+    let cluster = unique("lc");
+    let lc = unique("lc-p5");
+    asg_client
+        .create_launch_configuration()
+        .launch_configuration_name(&lc)
+        .image_id(AMI)
+        .instance_type("p5.48xlarge")
+        .spot_price("98.32")
+        .send()
+        .await
+        .expect("CreateLaunchConfiguration");
+    let name = unique("lc-asg");
+    asg_client
+        .create_auto_scaling_group()
+        .auto_scaling_group_name(&name)
+        .launch_configuration_name(&lc)
+        .min_size(0)
+        .max_size(2)
+        .desired_capacity(1)
+        .availability_zones(ZONE)
+        .set_tags(Some(cluster_tags(&name, &cluster)))
+        .send()
+        .await
+        .expect("CreateAutoScalingGroup");
+    let provider = AwsProvider::connect(settings(&endpoint, &cluster))
+        .await
+        .unwrap();
+    let groups = provider.refresh().await.unwrap();
+    assert_eq!(groups.len(), 1);
+    let g = &groups[0];
+    assert_eq!(g.id, format!("aws/test/{name}"));
+    assert_eq!(g.instance_type, "p5.48xlarge");
+    // A launch configuration with a spot price asks for spot.
+    assert_eq!(g.capacity_type, CapacityType::Spot);
+    assert!(g.price > 0);
+    assert_eq!(g.template.gpu_model.as_deref(), Some("H100-80GB"));
+    assert_eq!(g.template.gpus.len(), 8);
+    assert!(g.template.gpus.iter().all(|d| d.memory_mib == 81920));
+    assert_eq!(g.template.allocatable.cpu_milli, 192_000);
+    assert_eq!(g.target_size, 1);
+    assert_eq!(g.instances.len(), 1);
+    assert_eq!(g.instances[0].state, InstanceState::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assumes_the_configured_role_through_sts() {
+    let endpoint = moto();
+    let (asg_client, ec2) = clients(&endpoint).await;
+    let cluster = unique("role");
+    let lt = unique("lt");
+    launch_template(&ec2, &lt, "g5.xlarge", false).await;
+    let name = unique("role-asg");
+    asg(
+        &asg_client,
+        &name,
+        &lt,
+        None,
+        (0, 2, 0),
+        cluster_tags(&name, &cluster),
+    )
+    .await;
+
+    // The static credentials sign STS AssumeRole; moto's STS hands out session credentials
+    // that then sign the Auto Scaling and EC2 calls.
+    let mut s = settings(&endpoint, &cluster);
+    s.role_arn = Some("arn:aws:iam::123456789012:role/gpuscale-autoscaler".into());
+    s.external_id = Some("gpuscale-test".into());
+    let provider = AwsProvider::connect(s).await.expect("connect with role");
+    let groups = provider.refresh().await.expect("refresh with assumed role");
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].id, format!("aws/test/{name}"));
+    provider
+        .set_target_size(&groups[0].id, 1)
+        .await
+        .expect("scale with assumed role");
+    assert_eq!(desired_of(&asg_client, &name).await.0, 1);
+
+    // Settings that cannot work are refused before any call.
+    let mut bad = settings(&endpoint, &cluster);
+    bad.role_arn = Some("gpuscale-autoscaler".into());
+    let err = AwsProvider::connect(bad).await.expect_err("bad role arn");
+    assert!(err.to_string().contains("role_arn"), "{err}");
+}
