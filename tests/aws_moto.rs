@@ -62,23 +62,14 @@ fn moto() -> String {
         Ok(endpoint)
     })
     .clone()
-    .unwrap_or_else(|e| {
-        panic!("moto is needed for the AWS provider tests and could not start: {e}")
-    })
+    .unwrap_or_else(|e| panic!("moto is needed for the AWS provider tests and could not start: {e}"))
 }
 
 /// A name no other test (or earlier run against the same server) uses.
 fn unique(prefix: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}-{}-{}-{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}-{}-{}-{nanos}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
 fn settings(endpoint: &str, cluster: &str) -> AwsSettings {
@@ -86,10 +77,7 @@ fn settings(endpoint: &str, cluster: &str) -> AwsSettings {
     s.endpoint_url = Some(endpoint.to_owned());
     s.discovery_tags = BTreeMap::from([
         (ENABLED.to_owned(), "true".to_owned()),
-        (
-            format!("k8s.io/cluster-autoscaler/{cluster}"),
-            String::new(),
-        ),
+        (format!("k8s.io/cluster-autoscaler/{cluster}"), String::new()),
     ]);
     s.static_credentials_for_tests = Some(StaticCredentials {
         access_key_id: "testing".into(),
@@ -109,21 +97,15 @@ async fn clients(endpoint: &str) -> (aws_sdk_autoscaling::Client, aws_sdk_ec2::C
         ))
         .load()
         .await;
-    (
-        aws_sdk_autoscaling::Client::new(&config),
-        aws_sdk_ec2::Client::new(&config),
-    )
+    (aws_sdk_autoscaling::Client::new(&config), aws_sdk_ec2::Client::new(&config))
 }
 
 async fn launch_template(ec2: &aws_sdk_ec2::Client, name: &str, instance_type: &str, spot: bool) {
-    let mut data = RequestLaunchTemplateData::builder()
-        .image_id(AMI)
-        .instance_type(InstanceType::from(instance_type));
+    let mut data =
+        RequestLaunchTemplateData::builder().image_id(AMI).instance_type(InstanceType::from(instance_type));
     if spot {
         data = data.instance_market_options(
-            LaunchTemplateInstanceMarketOptionsRequest::builder()
-                .market_type(MarketType::Spot)
-                .build(),
+            LaunchTemplateInstanceMarketOptionsRequest::builder().market_type(MarketType::Spot).build(),
         );
     }
     ec2.create_launch_template()
@@ -145,14 +127,7 @@ fn tag(group: &str, key: &str, value: &str) -> Tag {
 }
 
 fn cluster_tags(group: &str, cluster: &str) -> Vec<Tag> {
-    vec![
-        tag(group, ENABLED, "true"),
-        tag(
-            group,
-            &format!("k8s.io/cluster-autoscaler/{cluster}"),
-            "owned",
-        ),
-    ]
+    vec![tag(group, ENABLED, "true"), tag(group, &format!("k8s.io/cluster-autoscaler/{cluster}"), "owned")]
 }
 
 /// An ASG on a launch template.
@@ -190,21 +165,15 @@ async fn desired_of(client: &aws_sdk_autoscaling::Client, name: &str) -> (i32, V
         .await
         .expect("DescribeAutoScalingGroups");
     let g = &out.auto_scaling_groups()[0];
-    let mut ids: Vec<String> = g
-        .instances()
-        .iter()
-        .filter_map(|i| i.instance_id().map(str::to_owned))
-        .collect();
+    let mut ids: Vec<String> =
+        g.instances().iter().filter_map(|i| i.instance_id().map(str::to_owned)).collect();
     ids.sort();
     (g.desired_capacity().unwrap(), ids)
 }
 
 fn by_id<'a>(groups: &'a [NodeGroup], id: &str) -> &'a NodeGroup {
     groups.iter().find(|g| g.id == id).unwrap_or_else(|| {
-        panic!(
-            "group {id} not discovered; got {:?}",
-            groups.iter().map(|g| &g.id).collect::<Vec<_>>()
-        )
+        panic!("group {id} not discovered; got {:?}", groups.iter().map(|g| &g.id).collect::<Vec<_>>())
     })
 }
 
@@ -237,11 +206,7 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
     // A10G on-demand with labels, taints and a price tag.
     let a10g = format!("{prefix}a10g");
     let mut tags = cluster_tags(&a10g, &cluster);
-    tags.push(tag(
-        &a10g,
-        "k8s.io/cluster-autoscaler/node-template/label/team",
-        "ml",
-    ));
+    tags.push(tag(&a10g, "k8s.io/cluster-autoscaler/node-template/label/team", "ml"));
     tags.push(tag(
         &a10g,
         "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu",
@@ -252,37 +217,13 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
 
     // Explicit $Latest reads version 2 (L4); $Default reads version 1 (4x A10G).
     let l4 = format!("{prefix}l4");
-    asg(
-        &asg_client,
-        &l4,
-        &lt_multi,
-        Some("$Latest"),
-        (0, 2, 0),
-        cluster_tags(&l4, &cluster),
-    )
-    .await;
+    asg(&asg_client, &l4, &lt_multi, Some("$Latest"), (0, 2, 0), cluster_tags(&l4, &cluster)).await;
     let a10g4 = format!("{prefix}a10g4");
-    asg(
-        &asg_client,
-        &a10g4,
-        &lt_multi,
-        Some("$Default"),
-        (0, 2, 0),
-        cluster_tags(&a10g4, &cluster),
-    )
-    .await;
+    asg(&asg_client, &a10g4, &lt_multi, Some("$Default"), (0, 2, 0), cluster_tags(&a10g4, &cluster)).await;
 
     // Spot through the launch template's market options.
     let spot_lt = format!("{prefix}spot-lt");
-    asg(
-        &asg_client,
-        &spot_lt,
-        &lt_spot,
-        None,
-        (0, 2, 0),
-        cluster_tags(&spot_lt, &cluster),
-    )
-    .await;
+    asg(&asg_client, &spot_lt, &lt_spot, None, (0, 2, 0), cluster_tags(&spot_lt, &cluster)).await;
 
     // p4d through a mixed instances policy: first override, all-spot distribution.
     let p4d = format!("{prefix}p4d");
@@ -299,16 +240,8 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
                                 .version("$Latest")
                                 .build(),
                         )
-                        .overrides(
-                            LaunchTemplateOverrides::builder()
-                                .instance_type("p4d.24xlarge")
-                                .build(),
-                        )
-                        .overrides(
-                            LaunchTemplateOverrides::builder()
-                                .instance_type("p5.48xlarge")
-                                .build(),
-                        )
+                        .overrides(LaunchTemplateOverrides::builder().instance_type("p4d.24xlarge").build())
+                        .overrides(LaunchTemplateOverrides::builder().instance_type("p5.48xlarge").build())
                         .build(),
                 )
                 .instances_distribution(
@@ -332,25 +265,9 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
 
     // Not managed: another cluster's tag, and this cluster's tag without the name prefix.
     let other = format!("{prefix}other");
-    asg(
-        &asg_client,
-        &other,
-        &lt_g5,
-        None,
-        (0, 2, 0),
-        cluster_tags(&other, &unique("other-cluster")),
-    )
-    .await;
+    asg(&asg_client, &other, &lt_g5, None, (0, 2, 0), cluster_tags(&other, &unique("other-cluster"))).await;
     let unprefixed = format!("{cluster}-cpu-x");
-    asg(
-        &asg_client,
-        &unprefixed,
-        &lt_g5,
-        None,
-        (0, 2, 0),
-        cluster_tags(&unprefixed, &cluster),
-    )
-    .await;
+    asg(&asg_client, &unprefixed, &lt_g5, None, (0, 2, 0), cluster_tags(&unprefixed, &cluster)).await;
 
     let mut s = settings(&endpoint, &cluster);
     s.name_prefix = Some(prefix.clone());
@@ -359,10 +276,8 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
     let groups: Vec<NodeGroup> = discovered.iter().map(|d| d.group.clone()).collect();
     let mut ids: Vec<&str> = groups.iter().map(|g| g.id.as_str()).collect();
     ids.sort();
-    let mut want: Vec<String> = [&a10g, &a10g4, &l4, &p4d, &spot_lt]
-        .iter()
-        .map(|n| format!("aws/test/{n}"))
-        .collect();
+    let mut want: Vec<String> =
+        [&a10g, &a10g4, &l4, &p4d, &spot_lt].iter().map(|n| format!("aws/test/{n}")).collect();
     want.sort();
     assert_eq!(ids, want);
 
@@ -396,10 +311,7 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
     assert_eq!(g.instance_type, "g6.xlarge");
     assert_eq!(g.template.gpu_model.as_deref(), Some("L4"));
     assert_eq!(g.template.gpus.len(), 1);
-    assert_eq!(
-        g.price, 0,
-        "no price tag, on-demand: price left for the catalog"
-    );
+    assert_eq!(g.price, 0, "no price tag, on-demand: price left for the catalog");
     let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
     assert_eq!(d.price_source, PriceSource::Unknown);
     let g = by_id(&groups, &format!("aws/test/{a10g4}"));
@@ -431,10 +343,7 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
     assert_eq!(t.labels["eks.amazonaws.com/capacityType"], "SPOT");
     let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
     assert_eq!(d.price_source, PriceSource::SpotHistory);
-    let highest = [ZONE, "us-east-1b"]
-        .iter()
-        .map(|z| d.spot_prices[*z])
-        .fold(0.0, f64::max);
+    let highest = [ZONE, "us-east-1b"].iter().map(|z| d.spot_prices[*z]).fold(0.0, f64::max);
     assert_eq!(g.price, dollars(highest));
     assert!(d.launch_failure.is_none());
 
@@ -451,74 +360,42 @@ async fn scales_up_and_terminates_a_specific_instance() {
     let lt = unique("lt");
     launch_template(&ec2, &lt, "g6.xlarge", false).await;
     let name = unique("scale-asg");
-    asg(
-        &asg_client,
-        &name,
-        &lt,
-        None,
-        (0, 4, 0),
-        cluster_tags(&name, &cluster),
-    )
-    .await;
+    asg(&asg_client, &name, &lt, None, (0, 4, 0), cluster_tags(&name, &cluster)).await;
     let id = format!("aws/test/{name}");
-    let provider = AwsProvider::connect(settings(&endpoint, &cluster))
-        .await
-        .unwrap();
+    let provider = AwsProvider::connect(settings(&endpoint, &cluster)).await.unwrap();
 
     provider.set_target_size(&id, 3).await.expect("scale up");
     let groups = provider.refresh().await.unwrap();
     let g = by_id(&groups, &id);
     assert_eq!(g.target_size, 3);
     assert_eq!(g.instances.len(), 3);
-    assert!(g
-        .instances
-        .iter()
-        .all(|i| i.state == InstanceState::Running));
-    assert!(
-        g.instances
-            .iter()
-            .all(|i| i.id.starts_with(&format!("aws:///{ZONE}/i-"))),
-        "{:?}",
-        g.instances
-    );
+    assert!(g.instances.iter().all(|i| i.state == InstanceState::Running));
+    assert!(g.instances.iter().all(|i| i.id.starts_with(&format!("aws:///{ZONE}/i-"))), "{:?}", g.instances);
     let before = g.instances.clone();
 
     // Same target again: no change, same instances.
     provider.set_target_size(&id, 3).await.expect("idempotent");
     // The bare ASG name works too.
-    provider
-        .set_target_size(&name, 3)
-        .await
-        .expect("idempotent by name");
+    provider.set_target_size(&name, 3).await.expect("idempotent by name");
     let (desired, ids) = desired_of(&asg_client, &name).await;
     assert_eq!(desired, 3);
     assert_eq!(ids.len(), 3);
 
     // Terminate the second instance by provider id: target and instances shrink by one.
     let victim = before[1].id.clone();
-    provider
-        .delete_instances(&id, std::slice::from_ref(&victim))
-        .await
-        .expect("delete");
+    provider.delete_instances(&id, std::slice::from_ref(&victim)).await.expect("delete");
     let groups = provider.refresh().await.unwrap();
     let g = by_id(&groups, &id);
     assert_eq!(g.target_size, 2);
     let mut left: Vec<&str> = g.instances.iter().map(|i| i.id.as_str()).collect();
     left.sort();
-    let mut want: Vec<&str> = before
-        .iter()
-        .map(|i| i.id.as_str())
-        .filter(|i| *i != victim)
-        .collect();
+    let mut want: Vec<&str> = before.iter().map(|i| i.id.as_str()).filter(|i| *i != victim).collect();
     want.sort();
     assert_eq!(left, want);
 
     // A bare instance id works as well.
     let bare = want[0].rsplit('/').next().unwrap().to_owned();
-    provider
-        .delete_instances(&id, std::slice::from_ref(&bare))
-        .await
-        .expect("delete bare id");
+    provider.delete_instances(&id, std::slice::from_ref(&bare)).await.expect("delete bare id");
     let (desired, ids) = desired_of(&asg_client, &name).await;
     assert_eq!(desired, 1);
     assert_eq!(ids.len(), 1);
@@ -533,71 +410,31 @@ async fn rejects_out_of_range_targets_unknown_groups_and_foreign_instances() {
     let lt = unique("lt");
     launch_template(&ec2, &lt, "g5.xlarge", false).await;
     let name = unique("reject-asg");
-    asg(
-        &asg_client,
-        &name,
-        &lt,
-        None,
-        (1, 3, 1),
-        cluster_tags(&name, &cluster),
-    )
-    .await;
+    asg(&asg_client, &name, &lt, None, (1, 3, 1), cluster_tags(&name, &cluster)).await;
     let other = unique("reject-other");
-    asg(
-        &asg_client,
-        &other,
-        &lt,
-        None,
-        (0, 3, 1),
-        cluster_tags(&other, &cluster),
-    )
-    .await;
+    asg(&asg_client, &other, &lt, None, (0, 3, 1), cluster_tags(&other, &cluster)).await;
     let unmanaged = unique("reject-unmanaged");
-    asg(
-        &asg_client,
-        &unmanaged,
-        &lt,
-        None,
-        (0, 3, 0),
-        vec![tag(&unmanaged, ENABLED, "true")],
-    )
-    .await;
+    asg(&asg_client, &unmanaged, &lt, None, (0, 3, 0), vec![tag(&unmanaged, ENABLED, "true")]).await;
     let id = format!("aws/test/{name}");
-    let provider = AwsProvider::connect(settings(&endpoint, &cluster))
-        .await
-        .unwrap();
+    let provider = AwsProvider::connect(settings(&endpoint, &cluster)).await.unwrap();
 
     match provider.set_target_size(&id, 4).await {
-        Err(ProviderError::SizeOutOfRange {
-            group,
-            target: 4,
-            min: 1,
-            max: 3,
-        }) => assert_eq!(group, id),
+        Err(ProviderError::SizeOutOfRange { group, target: 4, min: 1, max: 3 }) => assert_eq!(group, id),
         other => panic!("expected SizeOutOfRange, got {other:?}"),
     }
     assert!(matches!(
         provider.set_target_size(&id, 0).await,
         Err(ProviderError::SizeOutOfRange { target: 0, .. })
     ));
-    assert_eq!(
-        desired_of(&asg_client, &name).await.0,
-        1,
-        "desired capacity untouched"
-    );
+    assert_eq!(desired_of(&asg_client, &name).await.0, 1, "desired capacity untouched");
 
-    for group in [
-        "aws/test/no-such-group".to_owned(),
-        format!("aws/test/{unmanaged}"),
-    ] {
+    for group in ["aws/test/no-such-group".to_owned(), format!("aws/test/{unmanaged}")] {
         assert!(
             matches!(provider.set_target_size(&group, 1).await, Err(ProviderError::GroupNotFound(ref g)) if *g == group),
             "{group}"
         );
         assert!(matches!(
-            provider
-                .delete_instances(&group, &["i-0123456789abcdef0".to_owned()])
-                .await,
+            provider.delete_instances(&group, &["i-0123456789abcdef0".to_owned()]).await,
             Err(ProviderError::GroupNotFound(_))
         ));
     }
@@ -605,10 +442,7 @@ async fn rejects_out_of_range_targets_unknown_groups_and_foreign_instances() {
     // An instance of another group, and a malformed reference.
     let (_, other_ids) = desired_of(&asg_client, &other).await;
     let foreign = other_ids[0].clone();
-    match provider
-        .delete_instances(&id, std::slice::from_ref(&foreign))
-        .await
-    {
+    match provider.delete_instances(&id, std::slice::from_ref(&foreign)).await {
         Err(ProviderError::InstanceNotFound { group, instance }) => {
             assert_eq!(group, id);
             assert_eq!(instance, foreign);
@@ -626,11 +460,7 @@ async fn rejects_out_of_range_targets_unknown_groups_and_foreign_instances() {
     assert_eq!(own.len(), 1);
     assert!(matches!(
         provider.delete_instances(&id, &own).await,
-        Err(ProviderError::SizeOutOfRange {
-            target: 0,
-            min: 1,
-            ..
-        })
+        Err(ProviderError::SizeOutOfRange { target: 0, min: 1, .. })
     ));
     assert_eq!(desired_of(&asg_client, &name).await, (1, own));
 }
@@ -639,9 +469,7 @@ async fn rejects_out_of_range_targets_unknown_groups_and_foreign_instances() {
 async fn canned_server(
     respond: impl Fn(&str) -> (u16, String) + Send + Sync + 'static,
 ) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let addr = listener.local_addr().unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();
@@ -716,22 +544,13 @@ async fn autoscaling_throttling_maps_to_throttled() {
         )
     })
     .await;
-    let provider = AwsProvider::connect(throttle_settings(&endpoint))
-        .await
-        .unwrap();
+    let provider = AwsProvider::connect(throttle_settings(&endpoint)).await.unwrap();
     let err = provider.refresh().await.expect_err("throttled");
     assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
     assert!(err.is_retryable());
-    let err = provider
-        .set_target_size("aws/test/any", 1)
-        .await
-        .expect_err("throttled");
+    let err = provider.set_target_size("aws/test/any", 1).await.expect_err("throttled");
     assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
-    assert_eq!(
-        hits.load(Ordering::SeqCst),
-        2,
-        "one request per call with max_attempts = 1"
-    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "one request per call with max_attempts = 1");
 
     // With retries the SDK tries again before giving up.
     let mut s = throttle_settings(&endpoint);
@@ -783,9 +602,7 @@ async fn ec2_request_limit_exceeded_maps_to_throttled() {
         }
     })
     .await;
-    let provider = AwsProvider::connect(throttle_settings(&endpoint))
-        .await
-        .unwrap();
+    let provider = AwsProvider::connect(throttle_settings(&endpoint)).await.unwrap();
     let err = provider.refresh().await.expect_err("throttled");
     assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
     assert_eq!(hits.load(Ordering::SeqCst), 2);
@@ -819,9 +636,7 @@ async fn reads_legacy_launch_configuration_groups() {
         .send()
         .await
         .expect("CreateAutoScalingGroup");
-    let provider = AwsProvider::connect(settings(&endpoint, &cluster))
-        .await
-        .unwrap();
+    let provider = AwsProvider::connect(settings(&endpoint, &cluster)).await.unwrap();
     let groups = provider.refresh().await.unwrap();
     assert_eq!(groups.len(), 1);
     let g = &groups[0];
@@ -847,15 +662,7 @@ async fn assumes_the_configured_role_through_sts() {
     let lt = unique("lt");
     launch_template(&ec2, &lt, "g5.xlarge", false).await;
     let name = unique("role-asg");
-    asg(
-        &asg_client,
-        &name,
-        &lt,
-        None,
-        (0, 2, 0),
-        cluster_tags(&name, &cluster),
-    )
-    .await;
+    asg(&asg_client, &name, &lt, None, (0, 2, 0), cluster_tags(&name, &cluster)).await;
 
     // The static credentials sign STS AssumeRole; moto's STS hands out session credentials
     // that then sign the Auto Scaling and EC2 calls.
@@ -866,10 +673,7 @@ async fn assumes_the_configured_role_through_sts() {
     let groups = provider.refresh().await.expect("refresh with assumed role");
     assert_eq!(groups.len(), 1);
     assert_eq!(groups[0].id, format!("aws/test/{name}"));
-    provider
-        .set_target_size(&groups[0].id, 1)
-        .await
-        .expect("scale with assumed role");
+    provider.set_target_size(&groups[0].id, 1).await.expect("scale with assumed role");
     assert_eq!(desired_of(&asg_client, &name).await.0, 1);
 
     // Settings that cannot work are refused before any call.

@@ -85,6 +85,10 @@ impl GpuCatalog {
     /// Finds a model by canonical name, alias, GFD product label (with or without a `-MIG-…`
     /// suffix) or cloud accelerator name, ignoring case.
     pub fn resolve(&self, name: &str) -> Option<&'static GpuModelSpec> {
+        // Fast path: canonical names, which is what nodes carry after ingestion.
+        if let Some(found) = MODELS.iter().find(|m| m.name == name) {
+            return Some(found);
+        }
         let trimmed = name.trim();
         let base = trimmed.split("-MIG-").next().unwrap_or(trimmed);
         if let Some(found) = MODELS.iter().find(|m| {

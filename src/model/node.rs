@@ -132,8 +132,11 @@ pub struct Node {
 }
 
 impl Node {
-    /// MIG geometry of the node's GPU model, if it has one.
+    /// MIG geometry of the node's GPU model, when its GPUs are in MIG mode.
     pub fn mig_geometry(&self) -> Option<&'static MigGeometry> {
+        if !self.gpus.iter().any(|d| matches!(d.mode, GpuMode::Mig { .. })) {
+            return None;
+        }
         self.gpu_model.as_deref().and_then(|m| GpuCatalog.resolve(m)).and_then(|m| m.mig)
     }
 

@@ -100,7 +100,7 @@ pub fn build<'p>(
     }
     let by_name: HashMap<&str, usize> =
         snapshot.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
-    let mut placer = Placer::new(nodes, policy, seed);
+    let mut placer = Placer::new(nodes, policy, seed).with_adaptive_sampling();
     for (wi, w) in snapshot.workloads.iter().enumerate() {
         let Some(node_name) = &w.node_name else { continue };
         let Some(&ni) = by_name.get(node_name.as_str()) else {

@@ -23,6 +23,16 @@ pub enum Unfit {
 }
 
 impl Unfit {
+    /// Every reason, in declaration order (their `as usize` values index this array).
+    pub const ALL: [Unfit; 6] = [
+        Unfit::NodeUnschedulable,
+        Unfit::NodeMismatch,
+        Unfit::InsufficientCpu,
+        Unfit::InsufficientMemory,
+        Unfit::NoSuchGpu,
+        Unfit::InsufficientGpu,
+    ];
+
     /// A short reason for events and plans.
     pub fn as_str(self) -> &'static str {
         match self {

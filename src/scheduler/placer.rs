@@ -63,12 +63,70 @@ const MAX_CACHE_ENTRIES: usize = 4 << 20;
 pub struct Placer<'p> {
     nodes: Vec<Node>,
     policy: &'p dyn Policy,
-    shapes: HashMap<ShapeKey, usize>,
+    shapes: rustc_hash::FxHashMap<ShapeKey, usize>,
     /// `scores[shape][node]`.
     scores: Vec<Vec<Cached>>,
     /// Position of each node in a seeded random order, for [`TieBreak::NodeOrder`].
     rank: Vec<u32>,
     rng: ChaCha8Rng,
+    /// Stop scanning after this many feasible nodes (kube-scheduler's percentageOfNodesToScore);
+    /// `None` scores every node.
+    feasible_limit: Option<usize>,
+    /// Where the next scan starts, so that sampling rotates over all nodes.
+    next_start: usize,
+    /// Static class of each node (labels, taints, capacity, GPU kind): nodes of one class accept
+    /// the same workload shapes when empty.
+    class_of: Vec<u32>,
+    /// A representative node per class.
+    class_reps: Vec<NodeId>,
+    class_keys: HashMap<u64, u32>,
+    /// `static_fit[shape][class]`: whether the shape fits an empty node of the class at all.
+    static_fit: Vec<Vec<Option<bool>>>,
+}
+
+/// Hash of what decides whether a shape can ever run on a node.
+fn static_key(node: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.labels.hash(&mut h);
+    node.taints.hash(&mut h);
+    node.allocatable.hash(&mut h);
+    node.gpu_model.hash(&mut h);
+    node.unschedulable.hash(&mut h);
+    node.state.hash(&mut h);
+    for d in &node.gpus {
+        d.memory_mib.hash(&mut h);
+        match &d.mode {
+            crate::model::GpuMode::Standard => 0u8.hash(&mut h),
+            crate::model::GpuMode::TimeSliced { replicas } => (1u8, *replicas).hash(&mut h),
+            crate::model::GpuMode::Mig { instances, dynamic } => {
+                2u8.hash(&mut h);
+                dynamic.hash(&mut h);
+                for i in instances {
+                    i.placement.hash(&mut h);
+                }
+            }
+        }
+    }
+    h.finish()
+}
+
+/// The node as it is when nothing runs on it.
+fn emptied(node: &Node) -> Node {
+    let mut n = node.clone();
+    n.allocated = Resources::default();
+    for d in &mut n.gpus {
+        d.used_milli = 0;
+        d.used_memory_mib = 0;
+        d.used_replicas = 0;
+        if let crate::model::GpuMode::Mig { instances, dynamic } = &mut d.mode {
+            if *dynamic {
+                instances.clear();
+            }
+            instances.iter_mut().for_each(|i| i.used = false);
+        }
+    }
+    n
 }
 
 impl<'p> Placer<'p> {
@@ -82,7 +140,62 @@ impl<'p> Placer<'p> {
         for (position, &node) in order.iter().enumerate() {
             rank[node] = position as u32;
         }
-        Self { nodes, policy, shapes: HashMap::new(), scores: Vec::new(), rank, rng }
+        let mut placer = Self {
+            nodes: Vec::new(),
+            policy,
+            shapes: Default::default(),
+            scores: Vec::new(),
+            rank,
+            rng,
+            feasible_limit: None,
+            next_start: 0,
+            class_of: Vec::new(),
+            class_reps: Vec::new(),
+            class_keys: HashMap::new(),
+            static_fit: Vec::new(),
+        };
+        for node in nodes {
+            placer.push_node(node);
+        }
+        placer
+    }
+
+    fn push_node(&mut self, node: Node) -> NodeId {
+        let key = static_key(&node);
+        let id = self.nodes.len();
+        let next = self.class_reps.len() as u32;
+        let class = *self.class_keys.entry(key).or_insert(next);
+        if class == next {
+            self.class_reps.push(id);
+            for row in &mut self.static_fit {
+                row.push(None);
+            }
+        }
+        self.class_of.push(class);
+        self.nodes.push(node);
+        id
+    }
+
+    /// Whether a shape can run on an empty node of the class (computed once per pair).
+    fn statically_fits(&mut self, shape: usize, class: u32, workload: &Workload) -> bool {
+        if let Some(v) = self.static_fit[shape][class as usize] {
+            return v;
+        }
+        let rep = emptied(&self.nodes[self.class_reps[class as usize]]);
+        let v = super::fit::candidates(&rep, workload).is_ok();
+        self.static_fit[shape][class as usize] = Some(v);
+        v
+    }
+
+    /// Scores only part of a large cluster per workload, as kube-scheduler does: the scan stops
+    /// after `max(100, n × (50 − n/125)%, 5% of n)` feasible nodes and the next scan starts where
+    /// this one stopped. Small clusters are still scored in full.
+    pub fn with_adaptive_sampling(mut self) -> Self {
+        let n = self.nodes.len();
+        let pct = (50.0 - n as f64 / 125.0).max(5.0);
+        let limit = ((n as f64 * pct / 100.0) as usize).max(100);
+        self.feasible_limit = (limit < n).then_some(limit);
+        self
     }
 
     /// The nodes, with the placements made so far.
@@ -104,18 +217,18 @@ impl<'p> Placer<'p> {
             return None;
         }
         self.scores.push(vec![Cached::Unknown; self.nodes.len()]);
+        self.static_fit.push(vec![None; self.class_reps.len()]);
         self.shapes.insert(key, self.scores.len() - 1);
         Some(self.scores.len() - 1)
     }
 
     /// Adds a node (e.g. one a scale-up would create) and returns its id.
     pub fn add_node(&mut self, node: Node) -> NodeId {
-        self.nodes.push(node);
         for column in &mut self.scores {
             column.push(Cached::Unknown);
         }
         self.rank.push(self.rank.len() as u32);
-        self.nodes.len() - 1
+        self.push_node(node)
     }
 
     /// Finds the best node for `workload` without placing it. On failure, returns the most
@@ -134,10 +247,23 @@ impl<'p> Placer<'p> {
         let mut best = f64::NEG_INFINITY;
         let mut chosen: Option<NodeId> = None;
         let mut ties = 0u32;
-        let mut reasons: BTreeMap<Unfit, usize> = BTreeMap::new();
-        for id in 0..self.nodes.len() {
+        let mut reasons = [0usize; Unfit::ALL.len()];
+        let n = self.nodes.len();
+        let start = if self.feasible_limit.is_some() && n > 0 { self.next_start % n } else { 0 };
+        let mut feasible = 0usize;
+        for id in (start..n).chain(0..start) {
+            if self.feasible_limit.is_some_and(|limit| feasible >= limit) {
+                self.next_start = id;
+                break;
+            }
             if !allowed(id) {
                 continue;
+            }
+            if let Some(s) = shape {
+                if !self.statically_fits(s, self.class_of[id], workload) {
+                    reasons[Unfit::NodeMismatch as usize] += 1;
+                    continue;
+                }
             }
             let verdict = match shape.map(|s| self.scores[s][id]) {
                 Some(Cached::Unknown) | None => {
@@ -152,6 +278,9 @@ impl<'p> Placer<'p> {
                 }
                 Some(v) => v,
             };
+            if matches!(verdict, Cached::Score(_)) {
+                feasible += 1;
+            }
             match verdict {
                 Cached::Score(score) if score > best => {
                     best = score;
@@ -171,15 +300,17 @@ impl<'p> Placer<'p> {
                         }
                     }
                 },
-                Cached::Unfit(u) => *reasons.entry(u).or_default() += 1,
+                Cached::Unfit(u) => reasons[u as usize] += 1,
                 _ => {}
             }
         }
         let Some(node) = chosen else {
-            let reason = reasons
+            // The most common reason, the earlier-listed one on ties.
+            let reason = Unfit::ALL
                 .into_iter()
-                .max_by_key(|&(u, n)| (n, std::cmp::Reverse(u)))
-                .map_or(Unfit::NoSuchGpu, |(u, _)| u);
+                .filter(|&u| reasons[u as usize] > 0)
+                .max_by_key(|&u| (reasons[u as usize], std::cmp::Reverse(u)))
+                .unwrap_or(Unfit::NoSuchGpu);
             return Err(reason);
         };
         let (_, devices) = self.policy.evaluate(&self.nodes[node], workload)?;

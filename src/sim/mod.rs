@@ -1,3 +1,4 @@
 //! Trace replays through the scheduler.
 
 pub mod inflation;
+pub mod synthetic;

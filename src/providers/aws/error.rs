@@ -114,26 +114,16 @@ pub fn classify(
     if is(THROTTLING) || status == 429 {
         ProviderError::Throttled { retry_after }
     } else if is(CAPACITY) {
-        ProviderError::InsufficientCapacity {
-            group: group.to_owned(),
-            message: error.to_string(),
-        }
+        ProviderError::InsufficientCapacity { group: group.to_owned(), message: error.to_string() }
     } else if is(QUOTA) {
         ProviderError::QuotaExceeded(error.to_string())
     } else if is(AUTH) || status == 401 || status == 403 || transport == Transport::Credentials {
-        ProviderError::Auth {
-            account: account.to_owned(),
-            message: error.to_string(),
-        }
+        ProviderError::Auth { account: account.to_owned(), message: error.to_string() }
     } else {
         let retryable = is(RETRYABLE)
             || (500..600).contains(&status)
             || matches!(transport, Transport::Timeout | Transport::Dispatch);
-        ProviderError::Api {
-            op: error.op,
-            source: Box::new(error),
-            retryable,
-        }
+        ProviderError::Api { op: error.op, source: Box::new(error), retryable }
     }
 }
 
@@ -162,17 +152,8 @@ where
         _ => Transport::Construction,
     };
     let code = err.code().map(str::to_owned);
-    let message = err
-        .message()
-        .map(str::to_owned)
-        .unwrap_or_else(|| DisplayErrorContext(&err).to_string());
-    let error = AwsApiError {
-        op,
-        code,
-        message,
-        status,
-        source: Some(Box::new(err)),
-    };
+    let message = err.message().map(str::to_owned).unwrap_or_else(|| DisplayErrorContext(&err).to_string());
+    let error = AwsApiError { op, code, message, status, source: Some(Box::new(err)) };
     classify(account, group, retry_after, transport, error)
 }
 
@@ -205,53 +186,25 @@ mod tests {
 
     fn asg_err(code: &str, status: u16) -> ProviderError {
         let e = SetDesiredCapacityError::generic(
-            ErrorMetadata::builder()
-                .code(code)
-                .message(format!("{code} happened"))
-                .build(),
+            ErrorMetadata::builder().code(code).message(format!("{code} happened")).build(),
         );
-        from_sdk(
-            "SetDesiredCapacity",
-            "prod",
-            "gpu",
-            SdkError::service_error(e, response(status)),
-        )
+        from_sdk("SetDesiredCapacity", "prod", "gpu", SdkError::service_error(e, response(status)))
     }
 
     fn ec2_err(code: &str, status: u16) -> ProviderError {
         let e = RunInstancesError::generic(ErrorMetadata::builder().code(code).build());
-        from_sdk(
-            "RunInstances",
-            "prod",
-            "gpu",
-            SdkError::service_error(e, response(status)),
-        )
+        from_sdk("RunInstances", "prod", "gpu", SdkError::service_error(e, response(status)))
     }
 
     #[test]
     fn throttling_codes_and_429_are_throttled() {
-        assert!(matches!(
-            asg_err("Throttling", 400),
-            ProviderError::Throttled { retry_after: None }
-        ));
-        assert!(matches!(
-            ec2_err("RequestLimitExceeded", 503),
-            ProviderError::Throttled { .. }
-        ));
-        assert!(matches!(
-            asg_err("SomethingElse", 429),
-            ProviderError::Throttled { .. }
-        ));
+        assert!(matches!(asg_err("Throttling", 400), ProviderError::Throttled { retry_after: None }));
+        assert!(matches!(ec2_err("RequestLimitExceeded", 503), ProviderError::Throttled { .. }));
+        assert!(matches!(asg_err("SomethingElse", 429), ProviderError::Throttled { .. }));
         let mut raw = response(400);
         raw.headers_mut().insert("retry-after", "7");
-        let e =
-            SetDesiredCapacityError::generic(ErrorMetadata::builder().code("Throttling").build());
-        let p = from_sdk(
-            "SetDesiredCapacity",
-            "prod",
-            "gpu",
-            SdkError::service_error(e, raw),
-        );
+        let e = SetDesiredCapacityError::generic(ErrorMetadata::builder().code("Throttling").build());
+        let p = from_sdk("SetDesiredCapacity", "prod", "gpu", SdkError::service_error(e, raw));
         assert!(matches!(
             p,
             ProviderError::Throttled { retry_after: Some(d) } if d == Duration::from_secs(7)
@@ -264,67 +217,36 @@ mod tests {
         match ec2_err("InsufficientInstanceCapacity", 500) {
             ProviderError::InsufficientCapacity { group, message } => {
                 assert_eq!(group, "gpu");
-                assert!(
-                    message.contains("InsufficientInstanceCapacity"),
-                    "{message}"
-                );
+                assert!(message.contains("InsufficientInstanceCapacity"), "{message}");
             }
             other => panic!("{other:?}"),
         }
-        for code in [
-            "LimitExceeded",
-            "VcpuLimitExceeded",
-            "InstanceLimitExceeded",
-        ] {
-            assert!(
-                matches!(ec2_err(code, 400), ProviderError::QuotaExceeded(_)),
-                "{code}"
-            );
+        for code in ["LimitExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"] {
+            assert!(matches!(ec2_err(code, 400), ProviderError::QuotaExceeded(_)), "{code}");
         }
-        for code in [
-            "AuthFailure",
-            "UnauthorizedOperation",
-            "InvalidClientTokenId",
-        ] {
+        for code in ["AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId"] {
             assert!(
                 matches!(ec2_err(code, 400), ProviderError::Auth { ref account, .. } if account == "prod"),
                 "{code}"
             );
         }
-        assert!(matches!(
-            asg_err("Whatever", 403),
-            ProviderError::Auth { .. }
-        ));
+        assert!(matches!(asg_err("Whatever", 403), ProviderError::Auth { .. }));
     }
 
     #[test]
     fn server_errors_and_timeouts_are_retryable_others_not() {
         let e = asg_err("InternalFailure", 500);
-        assert!(matches!(
-            e,
-            ProviderError::Api {
-                retryable: true,
-                op: "SetDesiredCapacity",
-                ..
-            }
-        ));
+        assert!(matches!(e, ProviderError::Api { retryable: true, op: "SetDesiredCapacity", .. }));
         assert!(e.is_retryable());
         let e = asg_err("ValidationError", 400);
-        assert!(matches!(
-            e,
-            ProviderError::Api {
-                retryable: false,
-                ..
-            }
-        ));
+        assert!(matches!(e, ProviderError::Api { retryable: false, .. }));
         assert!(e.to_string().contains("ValidationError"), "{e}");
         let timeout: SdkError<SetDesiredCapacityError, HttpResponse> =
             SdkError::timeout_error("operation timed out");
         assert!(from_sdk("SetDesiredCapacity", "prod", "gpu", timeout).is_retryable());
-        let io: SdkError<SetDesiredCapacityError, HttpResponse> =
-            SdkError::dispatch_failure(ConnectorError::io(Box::new(std::io::Error::from(
-                std::io::ErrorKind::ConnectionRefused,
-            ))));
+        let io: SdkError<SetDesiredCapacityError, HttpResponse> = SdkError::dispatch_failure(
+            ConnectorError::io(Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))),
+        );
         assert!(from_sdk("SetDesiredCapacity", "prod", "gpu", io).is_retryable());
     }
 }

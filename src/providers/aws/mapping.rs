@@ -8,8 +8,8 @@ use crate::model::{
     MicroDollarsPerHour, Node, Resources, Taint, TaintEffect,
 };
 use aws_sdk_autoscaling::types::{
-    Activity, AutoScalingGroup, Filter, InstancesDistribution, LifecycleState,
-    ScalingActivityStatusCode, TagDescription,
+    Activity, AutoScalingGroup, Filter, InstancesDistribution, LifecycleState, ScalingActivityStatusCode,
+    TagDescription,
 };
 use aws_sdk_ec2::types::{InstanceTypeInfo, SpotPrice};
 use aws_smithy_types::DateTime;
@@ -48,8 +48,7 @@ pub fn instance_id_of(reference: &str) -> Option<&str> {
         Some(rest) => rest.rsplit('/').next()?,
         None => reference,
     };
-    (id.starts_with("i-") && id.len() > 2 && id[2..].chars().all(|c| c.is_ascii_alphanumeric()))
-        .then_some(id)
+    (id.starts_with("i-") && id.len() > 2 && id[2..].chars().all(|c| c.is_ascii_alphanumeric())).then_some(id)
 }
 
 /// DescribeAutoScalingGroups filters selecting the discovery tags: an empty value asks only for
@@ -68,9 +67,7 @@ pub fn discovery_filters(tags: &BTreeMap<String, String>) -> Vec<Filter> {
 
 /// An ASG's tags as a map (last value wins for a repeated key, which AWS does not allow anyway).
 pub fn tag_map(tags: &[TagDescription]) -> BTreeMap<String, String> {
-    tags.iter()
-        .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
-        .collect()
+    tags.iter().filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned()))).collect()
 }
 
 /// Node labels from `k8s.io/cluster-autoscaler/node-template/label/<key>` tags.
@@ -110,15 +107,10 @@ pub fn template_taints(tags: &BTreeMap<String, String>) -> (Vec<Taint>, Vec<BadT
             _ => None,
         };
         match effect {
-            Some(effect) if !key.is_empty() => taints.push(Taint {
-                key: key.to_owned(),
-                value: value.to_owned(),
-                effect,
-            }),
-            _ => bad.push(BadTaintTag {
-                key: k.clone(),
-                value: v.clone(),
-            }),
+            Some(effect) if !key.is_empty() => {
+                taints.push(Taint { key: key.to_owned(), value: value.to_owned(), effect })
+            }
+            _ => bad.push(BadTaintTag { key: k.clone(), value: v.clone() }),
         }
     }
     (taints, bad)
@@ -126,9 +118,7 @@ pub fn template_taints(tags: &BTreeMap<String, String>) -> (Vec<Taint>, Vec<BadT
 
 /// On-demand price from the [`PRICE_TAG`] tag: `Ok(None)` without the tag, `Err(value)` when the
 /// tag is not a non-negative number of dollars per hour.
-pub fn tagged_price(
-    tags: &BTreeMap<String, String>,
-) -> Result<Option<MicroDollarsPerHour>, String> {
+pub fn tagged_price(tags: &BTreeMap<String, String>) -> Result<Option<MicroDollarsPerHour>, String> {
     let Some(raw) = tags.get(PRICE_TAG) else {
         return Ok(None);
     };
@@ -165,16 +155,11 @@ pub struct LaunchPlan {
 /// How an ASG launches instances: mixed instances policy first, then launch template, then
 /// launch configuration.
 pub fn launch_plan(group: &AutoScalingGroup) -> LaunchPlan {
-    let template_ref =
-        |spec: &aws_sdk_autoscaling::types::LaunchTemplateSpecification| TemplateRef {
-            id: spec.launch_template_id().map(str::to_owned),
-            name: spec.launch_template_name().map(str::to_owned),
-            version: spec
-                .version()
-                .filter(|v| !v.is_empty())
-                .unwrap_or("$Default")
-                .to_owned(),
-        };
+    let template_ref = |spec: &aws_sdk_autoscaling::types::LaunchTemplateSpecification| TemplateRef {
+        id: spec.launch_template_id().map(str::to_owned),
+        name: spec.launch_template_name().map(str::to_owned),
+        version: spec.version().filter(|v| !v.is_empty()).unwrap_or("$Default").to_owned(),
+    };
     let mut plan = LaunchPlan {
         launch_configuration: group.launch_configuration_name().map(str::to_owned),
         template: group.launch_template().map(template_ref),
@@ -182,11 +167,7 @@ pub fn launch_plan(group: &AutoScalingGroup) -> LaunchPlan {
     };
     if let Some(policy) = group.mixed_instances_policy() {
         if let Some(lt) = policy.launch_template() {
-            plan.override_type = lt
-                .overrides()
-                .iter()
-                .find_map(|o| o.instance_type())
-                .map(str::to_owned);
+            plan.override_type = lt.overrides().iter().find_map(|o| o.instance_type()).map(str::to_owned);
             if let Some(spec) = lt.launch_template_specification() {
                 plan.template = Some(template_ref(spec));
             }
@@ -247,11 +228,7 @@ pub fn instance_type_facts(info: &InstanceTypeInfo) -> InstanceTypeFacts {
             .map(str::to_owned)
     });
     let gpu = info.gpu_info().and_then(|g| {
-        let total: u32 = g
-            .gpus()
-            .iter()
-            .map(|d| d.count().unwrap_or(0).max(0) as u32)
-            .sum();
+        let total: u32 = g.gpus().iter().map(|d| d.count().unwrap_or(0).max(0) as u32).sum();
         let first = g.gpus().first()?;
         (total > 0).then(|| GpuFacts {
             name: first.name().unwrap_or("").to_owned(),
@@ -265,16 +242,8 @@ pub fn instance_type_facts(info: &InstanceTypeInfo) -> InstanceTypeFacts {
         })
     });
     InstanceTypeFacts {
-        vcpus: info
-            .v_cpu_info()
-            .and_then(|v| v.default_v_cpus())
-            .unwrap_or(0)
-            .max(0) as u32,
-        memory_mib: info
-            .memory_info()
-            .and_then(|m| m.size_in_mib())
-            .unwrap_or(0)
-            .max(0) as u64,
+        vcpus: info.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0).max(0) as u32,
+        memory_mib: info.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0).max(0) as u64,
         arch,
         gpu,
     }
@@ -290,9 +259,7 @@ pub fn canonical_gpu_model(gpu: &GpuFacts) -> Option<&'static str> {
         // A sized name must not resolve to a model of another size class.
         m.memory_mib == 0 || m.memory_mib.abs_diff(gpu.memory_mib) <= m.memory_mib / 4
     });
-    by_size
-        .or_else(|| catalog.resolve(&gpu.name))
-        .map(|m| m.name)
+    by_size.or_else(|| catalog.resolve(&gpu.name)).map(|m| m.name)
 }
 
 /// What a node of the group will look like.
@@ -319,14 +286,8 @@ pub struct TemplateInput<'a> {
 /// zone (a multi-zone group spreads new nodes, so any one zone is as good a guess).
 pub fn template_node(input: &TemplateInput<'_>) -> (Node, Vec<BadTaintTag>) {
     let mut labels = BTreeMap::from([
-        (
-            "node.kubernetes.io/instance-type".to_owned(),
-            input.instance_type.to_owned(),
-        ),
-        (
-            "topology.kubernetes.io/region".to_owned(),
-            input.region.to_owned(),
-        ),
+        ("node.kubernetes.io/instance-type".to_owned(), input.instance_type.to_owned()),
+        ("topology.kubernetes.io/region".to_owned(), input.region.to_owned()),
         ("kubernetes.io/os".to_owned(), "linux".to_owned()),
         (
             "eks.amazonaws.com/capacityType".to_owned(),
@@ -360,11 +321,7 @@ pub fn template_node(input: &TemplateInput<'_>) -> (Node, Vec<BadTaintTag>) {
         node.allocatable = Resources::new(u64::from(facts.vcpus) * 1000, facts.memory_mib);
         if let Some(gpu) = &facts.gpu {
             let spec = canonical_gpu_model(gpu).and_then(|m| GpuCatalog.resolve(m));
-            let memory = if gpu.memory_mib > 0 {
-                gpu.memory_mib
-            } else {
-                spec.map_or(0, |s| s.memory_mib)
-            };
+            let memory = if gpu.memory_mib > 0 { gpu.memory_mib } else { spec.map_or(0, |s| s.memory_mib) };
             node.gpu_model = Some(spec.map_or_else(|| gpu.name.clone(), |s| s.name.to_owned()));
             node.gpus = (0..gpu.count.min(u32::from(u8::MAX)))
                 .map(|i| GpuDevice::standard(i as u8, memory))
@@ -409,9 +366,7 @@ pub fn group_spot_price(
         .iter()
         .filter_map(|z| latest.get(&(instance_type.to_owned(), z.clone())))
         .copied()
-        .fold(None, |acc: Option<f64>, p| {
-            Some(acc.map_or(p, |a| a.max(p)))
-        })
+        .fold(None, |acc: Option<f64>, p| Some(acc.map_or(p, |a| a.max(p))))
         .map(dollars)
 }
 
@@ -478,30 +433,21 @@ pub fn classify_launch_message(message: &str) -> ErrorClass {
 /// launch activity (`Launching a new EC2 instance…`) decides. A later successful launch means
 /// the failure is over.
 pub fn launch_failure(activities: &[Activity]) -> Option<(ErrorClass, String)> {
-    let mut launches: Vec<&Activity> = activities
-        .iter()
-        .filter(|a| a.description().is_some_and(|d| d.starts_with("Launching")))
-        .collect();
+    let mut launches: Vec<&Activity> =
+        activities.iter().filter(|a| a.description().is_some_and(|d| d.starts_with("Launching"))).collect();
     // Newest first; activities without a start time sort last.
     launches.sort_by(|a, b| b.start_time().cmp(&a.start_time()));
     let latest = launches.first()?;
     if latest.status_code() != Some(&ScalingActivityStatusCode::Failed) {
         return None;
     }
-    let message = latest
-        .status_message()
-        .or(latest.description())
-        .unwrap_or("launch failed")
-        .to_owned();
+    let message = latest.status_message().or(latest.description()).unwrap_or("launch failed").to_owned();
     Some((classify_launch_message(&message), message))
 }
 
 /// Instances of a group, plus one `Failed` placeholder for each missing instance when the
 /// latest launch failed (so the planner sees why the group is short).
-pub fn group_instances(
-    group: &AutoScalingGroup,
-    failure: Option<&(ErrorClass, String)>,
-) -> Vec<Instance> {
+pub fn group_instances(group: &AutoScalingGroup, failure: Option<&(ErrorClass, String)>) -> Vec<Instance> {
     let name = group.auto_scaling_group_name().unwrap_or("");
     let mut out: Vec<Instance> = group
         .instances()
@@ -515,22 +461,13 @@ pub fn group_instances(
         })
         .collect();
     if let Some((class, message)) = failure {
-        let live = out
-            .iter()
-            .filter(|i| i.state != InstanceState::Terminating)
-            .count();
+        let live = out.iter().filter(|i| i.state != InstanceState::Terminating).count();
         let desired = group.desired_capacity().unwrap_or(0).max(0) as usize;
-        let zone = group
-            .availability_zones()
-            .first()
-            .map_or("", String::as_str);
+        let zone = group.availability_zones().first().map_or("", String::as_str);
         for n in live..desired {
             out.push(Instance {
                 id: provider_id(zone, &format!("placeholder-{name}-{n}")),
-                state: InstanceState::Failed {
-                    class: *class,
-                    message: message.clone(),
-                },
+                state: InstanceState::Failed { class: *class, message: message.clone() },
             });
         }
     }
@@ -541,8 +478,8 @@ pub fn group_instances(
 mod tests {
     use super::*;
     use aws_sdk_autoscaling::types::{
-        Instance as AsgInstance, LaunchTemplate, LaunchTemplateOverrides,
-        LaunchTemplateSpecification, MixedInstancesPolicy,
+        Instance as AsgInstance, LaunchTemplate, LaunchTemplateOverrides, LaunchTemplateSpecification,
+        MixedInstancesPolicy,
     };
     use aws_sdk_ec2::types::{
         ArchitectureType, GpuDeviceInfo, GpuDeviceMemoryInfo, GpuInfo, InstanceType, MemoryInfo,
@@ -550,10 +487,7 @@ mod tests {
     };
 
     fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
     #[test]
@@ -590,18 +524,9 @@ mod tests {
     fn node_template_tags_give_labels_and_taints() {
         let t = tags(&[
             ("k8s.io/cluster-autoscaler/node-template/label/gpu", "a100"),
-            (
-                "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu",
-                "present:NoSchedule",
-            ),
-            (
-                "k8s.io/cluster-autoscaler/node-template/taint/dedicated",
-                ":NoExecute",
-            ),
-            (
-                "k8s.io/cluster-autoscaler/node-template/taint/broken",
-                "x:Sometimes",
-            ),
+            ("k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu", "present:NoSchedule"),
+            ("k8s.io/cluster-autoscaler/node-template/taint/dedicated", ":NoExecute"),
+            ("k8s.io/cluster-autoscaler/node-template/taint/broken", "x:Sometimes"),
             ("Name", "gpu"),
         ]);
         assert_eq!(template_labels(&t), tags(&[("gpu", "a100")]));
@@ -609,11 +534,7 @@ mod tests {
         assert_eq!(
             taints,
             vec![
-                Taint {
-                    key: "dedicated".into(),
-                    value: String::new(),
-                    effect: TaintEffect::NoExecute
-                },
+                Taint { key: "dedicated".into(), value: String::new(), effect: TaintEffect::NoExecute },
                 Taint {
                     key: "nvidia.com/gpu".into(),
                     value: "present".into(),
@@ -628,22 +549,10 @@ mod tests {
     #[test]
     fn price_tag_is_parsed_or_rejected() {
         assert_eq!(tagged_price(&tags(&[])), Ok(None));
-        assert_eq!(
-            tagged_price(&tags(&[(PRICE_TAG, "32.7726")])),
-            Ok(Some(32_772_600))
-        );
-        assert_eq!(
-            tagged_price(&tags(&[(PRICE_TAG, "$1.006")])),
-            Ok(Some(1_006_000))
-        );
-        assert_eq!(
-            tagged_price(&tags(&[(PRICE_TAG, "-1")])),
-            Err("-1".to_owned())
-        );
-        assert_eq!(
-            tagged_price(&tags(&[(PRICE_TAG, "cheap")])),
-            Err("cheap".to_owned())
-        );
+        assert_eq!(tagged_price(&tags(&[(PRICE_TAG, "32.7726")])), Ok(Some(32_772_600)));
+        assert_eq!(tagged_price(&tags(&[(PRICE_TAG, "$1.006")])), Ok(Some(1_006_000)));
+        assert_eq!(tagged_price(&tags(&[(PRICE_TAG, "-1")])), Err("-1".to_owned()));
+        assert_eq!(tagged_price(&tags(&[(PRICE_TAG, "cheap")])), Err("cheap".to_owned()));
     }
 
     fn spec(name: &str, version: Option<&str>) -> LaunchTemplateSpecification {
@@ -656,9 +565,7 @@ mod tests {
 
     #[test]
     fn launch_plan_prefers_mixed_policy_overrides() {
-        let plain = AutoScalingGroup::builder()
-            .launch_template(spec("lt-gpu", None))
-            .build();
+        let plain = AutoScalingGroup::builder().launch_template(spec("lt-gpu", None)).build();
         let p = launch_plan(&plain);
         assert_eq!(p.override_type, None);
         assert_eq!(p.template.as_ref().unwrap().version, "$Default");
@@ -672,14 +579,10 @@ mod tests {
                         LaunchTemplate::builder()
                             .launch_template_specification(spec("lt-mixed", Some("$Latest")))
                             .overrides(
-                                LaunchTemplateOverrides::builder()
-                                    .instance_type("p4d.24xlarge")
-                                    .build(),
+                                LaunchTemplateOverrides::builder().instance_type("p4d.24xlarge").build(),
                             )
                             .overrides(
-                                LaunchTemplateOverrides::builder()
-                                    .instance_type("p4de.24xlarge")
-                                    .build(),
+                                LaunchTemplateOverrides::builder().instance_type("p4de.24xlarge").build(),
                             )
                             .build(),
                     )
@@ -697,13 +600,8 @@ mod tests {
         assert_eq!(p.template.unwrap().version, "$Latest");
         assert_eq!(p.policy_capacity, Some(CapacityType::Spot));
 
-        let lc = AutoScalingGroup::builder()
-            .launch_configuration_name("lc-old")
-            .build();
-        assert_eq!(
-            launch_plan(&lc).launch_configuration.as_deref(),
-            Some("lc-old")
-        );
+        let lc = AutoScalingGroup::builder().launch_configuration_name("lc-old").build();
+        assert_eq!(launch_plan(&lc).launch_configuration.as_deref(), Some("lc-old"));
     }
 
     #[test]
@@ -714,24 +612,12 @@ mod tests {
                 .set_on_demand_percentage_above_base_capacity(pct)
                 .build()
         };
-        assert_eq!(
-            distribution_capacity(&d(Some(0), Some(0))),
-            CapacityType::Spot
-        );
+        assert_eq!(distribution_capacity(&d(Some(0), Some(0))), CapacityType::Spot);
         assert_eq!(distribution_capacity(&d(None, Some(0))), CapacityType::Spot);
         // AWS's default is 100% on-demand.
-        assert_eq!(
-            distribution_capacity(&d(None, None)),
-            CapacityType::OnDemand
-        );
-        assert_eq!(
-            distribution_capacity(&d(Some(1), Some(0))),
-            CapacityType::OnDemand
-        );
-        assert_eq!(
-            distribution_capacity(&d(Some(0), Some(50))),
-            CapacityType::OnDemand
-        );
+        assert_eq!(distribution_capacity(&d(None, None)), CapacityType::OnDemand);
+        assert_eq!(distribution_capacity(&d(Some(1), Some(0))), CapacityType::OnDemand);
+        assert_eq!(distribution_capacity(&d(Some(0), Some(50))), CapacityType::OnDemand);
     }
 
     fn type_info(t: &str, vcpus: i32, mem: i64, gpu: Option<(&str, i32, i32)>) -> InstanceTypeInfo {
@@ -740,9 +626,7 @@ mod tests {
             .v_cpu_info(VCpuInfo::builder().default_v_cpus(vcpus).build())
             .memory_info(MemoryInfo::builder().size_in_mib(mem).build())
             .processor_info(
-                ProcessorInfo::builder()
-                    .supported_architectures(ArchitectureType::X8664)
-                    .build(),
+                ProcessorInfo::builder().supported_architectures(ArchitectureType::X8664).build(),
             );
         match gpu {
             Some((name, count, mib)) => b
@@ -753,9 +637,7 @@ mod tests {
                                 .name(name)
                                 .manufacturer("NVIDIA")
                                 .count(count)
-                                .memory_info(
-                                    GpuDeviceMemoryInfo::builder().size_in_mib(mib).build(),
-                                )
+                                .memory_info(GpuDeviceMemoryInfo::builder().size_in_mib(mib).build())
                                 .build(),
                         )
                         .total_gpu_memory_in_mib(count * mib)
@@ -768,42 +650,21 @@ mod tests {
 
     #[test]
     fn instance_type_gpus_map_to_catalog_models() {
-        let p4d = instance_type_facts(&type_info(
-            "p4d.24xlarge",
-            96,
-            1_179_648,
-            Some(("A100", 8, 40960)),
-        ));
+        let p4d = instance_type_facts(&type_info("p4d.24xlarge", 96, 1_179_648, Some(("A100", 8, 40960))));
         assert_eq!(p4d.vcpus, 96);
         assert_eq!(p4d.arch.as_deref(), Some("amd64"));
         let g = p4d.gpu.as_ref().unwrap();
         assert_eq!((g.count, g.memory_mib), (8, 40960));
         assert_eq!(canonical_gpu_model(g), Some("A100-40GB"));
 
-        let p4de = instance_type_facts(&type_info(
-            "p4de.24xlarge",
-            96,
-            1_179_648,
-            Some(("A100", 8, 81920)),
-        ));
-        assert_eq!(
-            canonical_gpu_model(p4de.gpu.as_ref().unwrap()),
-            Some("A100-80GB")
-        );
+        let p4de = instance_type_facts(&type_info("p4de.24xlarge", 96, 1_179_648, Some(("A100", 8, 81920))));
+        assert_eq!(canonical_gpu_model(p4de.gpu.as_ref().unwrap()), Some("A100-80GB"));
         let g5 = instance_type_facts(&type_info("g5.xlarge", 4, 16384, Some(("A10G", 1, 22888))));
         assert_eq!(canonical_gpu_model(g5.gpu.as_ref().unwrap()), Some("A10G"));
         let g6 = instance_type_facts(&type_info("g6.xlarge", 4, 16384, Some(("L4", 1, 22888))));
         assert_eq!(canonical_gpu_model(g6.gpu.as_ref().unwrap()), Some("L4"));
-        let p5 = instance_type_facts(&type_info(
-            "p5.48xlarge",
-            192,
-            2_097_152,
-            Some(("H100", 8, 81920)),
-        ));
-        assert_eq!(
-            canonical_gpu_model(p5.gpu.as_ref().unwrap()),
-            Some("H100-80GB")
-        );
+        let p5 = instance_type_facts(&type_info("p5.48xlarge", 192, 2_097_152, Some(("H100", 8, 81920))));
+        assert_eq!(canonical_gpu_model(p5.gpu.as_ref().unwrap()), Some("H100-80GB"));
         let m5 = instance_type_facts(&type_info("m5.large", 2, 8192, None));
         assert_eq!(m5.gpu, None);
         assert_eq!(m5.memory_mib, 8192);
@@ -811,18 +672,10 @@ mod tests {
 
     #[test]
     fn template_node_carries_gpus_labels_taints_and_zone() {
-        let facts = instance_type_facts(&type_info(
-            "p4d.24xlarge",
-            96,
-            1_179_648,
-            Some(("A100", 8, 40960)),
-        ));
+        let facts = instance_type_facts(&type_info("p4d.24xlarge", 96, 1_179_648, Some(("A100", 8, 40960))));
         let t = tags(&[
             ("k8s.io/cluster-autoscaler/node-template/label/team", "ml"),
-            (
-                "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu",
-                "true:NoSchedule",
-            ),
+            ("k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu", "true:NoSchedule"),
         ]);
         let zones = vec!["us-east-1b".to_owned(), "us-east-1a".to_owned()];
         let (node, bad) = template_node(&TemplateInput {
@@ -843,10 +696,7 @@ mod tests {
         assert_eq!(node.allocatable.memory_mib(), 1_179_648);
         assert_eq!(node.zone.as_deref(), Some("us-east-1b"));
         assert_eq!(node.labels["team"], "ml");
-        assert_eq!(
-            node.labels["node.kubernetes.io/instance-type"],
-            "p4d.24xlarge"
-        );
+        assert_eq!(node.labels["node.kubernetes.io/instance-type"], "p4d.24xlarge");
         assert_eq!(node.labels["eks.amazonaws.com/capacityType"], "SPOT");
         assert_eq!(node.labels["kubernetes.io/arch"], "amd64");
         assert_eq!(node.taints.len(), 1);
@@ -875,18 +725,12 @@ mod tests {
         assert_eq!(latest[&("g5.xlarge".into(), "us-east-1a".into())], 0.35);
         assert_eq!(latest[&("g5.xlarge".into(), "us-east-1b".into())], 0.50);
         let zones = |z: &[&str]| z.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            group_spot_price(&latest, "g5.xlarge", &zones(&["us-east-1a"])),
-            Some(350_000)
-        );
+        assert_eq!(group_spot_price(&latest, "g5.xlarge", &zones(&["us-east-1a"])), Some(350_000));
         assert_eq!(
             group_spot_price(&latest, "g5.xlarge", &zones(&["us-east-1a", "us-east-1b"])),
             Some(500_000)
         );
-        assert_eq!(
-            group_spot_price(&latest, "g5.xlarge", &zones(&["us-east-1c"])),
-            None
-        );
+        assert_eq!(group_spot_price(&latest, "g5.xlarge", &zones(&["us-east-1c"])), None);
     }
 
     #[test]
@@ -917,24 +761,14 @@ mod tests {
         let ice = "We currently do not have sufficient p4d.24xlarge capacity in the Availability \
                    Zone you requested (us-east-1a). Launching EC2 instance failed.";
         let acts = [
-            activity(
-                "Launching a new EC2 instance: i-1",
-                ScalingActivityStatusCode::Successful,
-                "",
-                100,
-            ),
+            activity("Launching a new EC2 instance: i-1", ScalingActivityStatusCode::Successful, "", 100),
             activity(
                 "Launching a new EC2 instance.  Status Reason: ...",
                 ScalingActivityStatusCode::Failed,
                 ice,
                 200,
             ),
-            activity(
-                "Terminating EC2 instance: i-0",
-                ScalingActivityStatusCode::Successful,
-                "",
-                300,
-            ),
+            activity("Terminating EC2 instance: i-0", ScalingActivityStatusCode::Successful, "", 300),
         ];
         let (class, message) = launch_failure(&acts).unwrap();
         assert_eq!(class, ErrorClass::OutOfCapacity);
@@ -982,12 +816,8 @@ mod tests {
         let failure = (ErrorClass::OutOfCapacity, "no capacity".to_owned());
         let with = group_instances(&group, Some(&failure));
         assert_eq!(with.len(), 3);
-        assert!(with[1..].iter().all(|i| matches!(
-            &i.state,
-            InstanceState::Failed {
-                class: ErrorClass::OutOfCapacity,
-                ..
-            }
-        )));
+        assert!(with[1..]
+            .iter()
+            .all(|i| matches!(&i.state, InstanceState::Failed { class: ErrorClass::OutOfCapacity, .. })));
     }
 }

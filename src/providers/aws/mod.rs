@@ -85,10 +85,7 @@ impl AwsSettings {
             role_arn: None,
             external_id: None,
             endpoint_url: None,
-            discovery_tags: BTreeMap::from([(
-                "k8s.io/cluster-autoscaler/enabled".to_owned(),
-                String::new(),
-            )]),
+            discovery_tags: BTreeMap::from([("k8s.io/cluster-autoscaler/enabled".to_owned(), String::new())]),
             name_prefix: None,
             max_attempts: default_max_attempts(),
             operation_timeout_secs: default_timeout_secs(),
@@ -166,23 +163,10 @@ impl AwsSettings {
             })
         };
         if self.account.is_empty() || self.account.contains('/') {
-            return bad(
-                "account",
-                &self.account,
-                "must be non-empty and contain no '/'",
-            );
+            return bad("account", &self.account, "must be non-empty and contain no '/'");
         }
-        if self.region.is_empty()
-            || !self
-                .region
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-')
-        {
-            return bad(
-                "region",
-                &self.region,
-                "must be a region name such as us-east-1",
-            );
+        if self.region.is_empty() || !self.region.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return bad("region", &self.region, "must be a region name such as us-east-1");
         }
         if self.discovery_tags.is_empty() && self.name_prefix.as_deref().unwrap_or("").is_empty() {
             return bad(
@@ -201,11 +185,7 @@ impl AwsSettings {
         }
         if let Some(arn) = &self.role_arn {
             if !arn.starts_with("arn:") {
-                return bad(
-                    "role_arn",
-                    arn,
-                    "must be an IAM role ARN (arn:aws:iam::...:role/...)",
-                );
+                return bad("role_arn", arn, "must be an IAM role ARN (arn:aws:iam::...:role/...)");
             }
         }
         if self.external_id.is_some() && self.role_arn.is_none() {
@@ -302,9 +282,7 @@ impl AwsProvider {
             let assumed = b.build().await;
             config = config
                 .into_builder()
-                .credentials_provider(
-                    aws_credential_types::provider::SharedCredentialsProvider::new(assumed),
-                )
+                .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(assumed))
                 .build();
         }
         Ok(Self {
@@ -326,26 +304,17 @@ impl AwsProvider {
         e: aws_sdk_autoscaling::error::SdkError<E, aws_sdk_autoscaling::config::http::HttpResponse>,
     ) -> ProviderError
     where
-        E: aws_sdk_autoscaling::error::ProvideErrorMetadata
-            + std::error::Error
-            + Send
-            + Sync
-            + 'static,
+        E: aws_sdk_autoscaling::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         error::from_sdk(op, &self.settings.account, group, e)
     }
 
     /// Managed groups as the API returns them: tag filters server-side, name prefix here.
-    async fn describe_groups(
-        &self,
-        names: &[String],
-    ) -> Result<Vec<AutoScalingGroup>, ProviderError> {
+    async fn describe_groups(&self, names: &[String]) -> Result<Vec<AutoScalingGroup>, ProviderError> {
         let op = "DescribeAutoScalingGroups";
         let mut req = self.asg.describe_auto_scaling_groups();
         if names.is_empty() {
-            req = req.set_filters(Some(mapping::discovery_filters(
-                &self.settings.discovery_tags,
-            )));
+            req = req.set_filters(Some(mapping::discovery_filters(&self.settings.discovery_tags)));
         } else {
             req = req.set_auto_scaling_group_names(Some(names.to_vec()));
         }
@@ -358,8 +327,7 @@ impl AwsProvider {
         let prefix = self.settings.name_prefix.as_deref().unwrap_or("");
         // Groups being deleted can no longer be scaled.
         out.retain(|g| {
-            g.auto_scaling_group_name()
-                .is_some_and(|n| n.starts_with(prefix))
+            g.auto_scaling_group_name().is_some_and(|n| n.starts_with(prefix))
                 && g.status() != Some("Delete in progress")
         });
         Ok(out)
@@ -382,11 +350,7 @@ impl AwsProvider {
         managed.ok_or_else(|| ProviderError::GroupNotFound(group.to_owned()))
     }
 
-    async fn template_facts(
-        &self,
-        t: &TemplateRef,
-        group: &str,
-    ) -> Result<TemplateFacts, ProviderError> {
+    async fn template_facts(&self, t: &TemplateRef, group: &str) -> Result<TemplateFacts, ProviderError> {
         let op = "DescribeLaunchTemplateVersions";
         let req = self
             .ec2
@@ -394,15 +358,8 @@ impl AwsProvider {
             .set_launch_template_id(t.id.clone())
             .set_launch_template_name(if t.id.is_some() { None } else { t.name.clone() })
             .versions(&t.version);
-        let out = req
-            .send()
-            .await
-            .map_err(|e| error::from_sdk(op, &self.settings.account, group, e))?;
-        let Some(data) = out
-            .launch_template_versions()
-            .first()
-            .and_then(|v| v.launch_template_data())
-        else {
+        let out = req.send().await.map_err(|e| error::from_sdk(op, &self.settings.account, group, e))?;
+        let Some(data) = out.launch_template_versions().first().and_then(|v| v.launch_template_data()) else {
             warn!(group, template = ?t, "launch template version has no data; instance type unknown");
             return Ok((None, false));
         };
@@ -428,12 +385,7 @@ impl AwsProvider {
         Ok(out
             .launch_configurations()
             .first()
-            .map_or((None, false), |lc| {
-                (
-                    lc.instance_type().map(str::to_owned),
-                    lc.spot_price().is_some(),
-                )
-            }))
+            .map_or((None, false), |lc| (lc.instance_type().map(str::to_owned), lc.spot_price().is_some())))
     }
 
     async fn instance_types(
@@ -444,17 +396,14 @@ impl AwsProvider {
         let list: Vec<&String> = types.iter().collect();
         // DescribeInstanceTypes takes at most 100 types per call.
         for chunk in list.chunks(100) {
-            let req = self.ec2.describe_instance_types().set_instance_types(Some(
-                chunk
-                    .iter()
-                    .map(|t| InstanceType::from(t.as_str()))
-                    .collect(),
-            ));
+            let req = self
+                .ec2
+                .describe_instance_types()
+                .set_instance_types(Some(chunk.iter().map(|t| InstanceType::from(t.as_str())).collect()));
             let mut pages = req.into_paginator().send();
             while let Some(page) = pages.next().await {
-                let page = page.map_err(|e| {
-                    error::from_sdk("DescribeInstanceTypes", &self.settings.account, "", e)
-                })?;
+                let page = page
+                    .map_err(|e| error::from_sdk("DescribeInstanceTypes", &self.settings.account, "", e))?;
                 for info in page.instance_types() {
                     if let Some(t) = info.instance_type() {
                         out.insert(t.as_str().to_owned(), mapping::instance_type_facts(info));
@@ -477,30 +426,21 @@ impl AwsProvider {
         let req = self
             .ec2
             .describe_spot_price_history()
-            .set_instance_types(Some(
-                types
-                    .iter()
-                    .map(|t| InstanceType::from(t.as_str()))
-                    .collect(),
-            ))
+            .set_instance_types(Some(types.iter().map(|t| InstanceType::from(t.as_str())).collect()))
             .product_descriptions("Linux/UNIX")
             .product_descriptions("Linux/UNIX (Amazon VPC)")
             .start_time(now);
         let mut pages = req.into_paginator().send();
         let mut history = Vec::new();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| {
-                error::from_sdk("DescribeSpotPriceHistory", &self.settings.account, "", e)
-            })?;
+            let page =
+                page.map_err(|e| error::from_sdk("DescribeSpotPriceHistory", &self.settings.account, "", e))?;
             history.extend(page.spot_price_history().iter().cloned());
         }
         Ok(mapping::latest_spot_prices(&history))
     }
 
-    async fn launch_failure(
-        &self,
-        name: &str,
-    ) -> Result<Option<(ErrorClass, String)>, ProviderError> {
+    async fn launch_failure(&self, name: &str) -> Result<Option<(ErrorClass, String)>, ProviderError> {
         let out = self
             .asg
             .describe_scaling_activities()
@@ -545,31 +485,17 @@ impl AwsProvider {
             }
             if instance_type.is_none() {
                 // Attribute-based selection (InstanceRequirements): fall back to what runs.
-                instance_type = g
-                    .instances()
-                    .iter()
-                    .find_map(|i| i.instance_type())
-                    .map(str::to_owned);
+                instance_type = g.instances().iter().find_map(|i| i.instance_type()).map(str::to_owned);
             }
             if instance_type.is_none() {
                 warn!(group = name, "cannot tell the group's instance type (no override, template type, launch configuration or instance); its template node has no resources");
             }
-            launch.push((
-                instance_type,
-                if spot {
-                    CapacityType::Spot
-                } else {
-                    CapacityType::OnDemand
-                },
-            ));
+            launch.push((instance_type, if spot { CapacityType::Spot } else { CapacityType::OnDemand }));
         }
 
         let all_types: BTreeSet<String> = launch.iter().filter_map(|(t, _)| t.clone()).collect();
-        let spot_types: BTreeSet<String> = launch
-            .iter()
-            .filter(|(_, c)| *c == CapacityType::Spot)
-            .filter_map(|(t, _)| t.clone())
-            .collect();
+        let spot_types: BTreeSet<String> =
+            launch.iter().filter(|(_, c)| *c == CapacityType::Spot).filter_map(|(t, _)| t.clone()).collect();
         let facts = self.instance_types(&all_types).await?;
         let spot_prices = self.spot_prices(&spot_types).await?;
 
@@ -615,11 +541,7 @@ impl AwsProvider {
                 })
                 .count();
             // Only a group short of its target can have a launch failure that matters.
-            let failure = if live < desired as usize {
-                self.launch_failure(name).await?
-            } else {
-                None
-            };
+            let failure = if live < desired as usize { self.launch_failure(name).await? } else { None };
             if let Some((class, message)) = &failure {
                 warn!(group = %id, ?class, message, "the group's latest launch failed");
             }
@@ -699,12 +621,7 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn refresh(&self) -> Result<Vec<NodeGroup>, ProviderError> {
-        Ok(self
-            .discover()
-            .await?
-            .into_iter()
-            .map(|d| d.group)
-            .collect())
+        Ok(self.discover().await?.into_iter().map(|d| d.group).collect())
     }
 
     /// SetDesiredCapacity without honoring cooldowns, after checking the group's bounds (so an
@@ -716,12 +633,7 @@ impl CloudProvider for AwsProvider {
         let min = g.min_size().unwrap_or(0).max(0) as u32;
         let max = g.max_size().unwrap_or(0).max(0) as u32;
         if target < min || target > max {
-            return Err(ProviderError::SizeOutOfRange {
-                group: group.to_owned(),
-                target,
-                min,
-                max,
-            });
+            return Err(ProviderError::SizeOutOfRange { group: group.to_owned(), target, min, max });
         }
         if g.desired_capacity() == Some(target as i32) {
             debug!(group = name, target, "desired capacity already set");
@@ -743,11 +655,7 @@ impl CloudProvider for AwsProvider {
     /// instance, after checking that every instance belongs to the group and that the group
     /// stays at or above its minimum. Instances already terminating are skipped, so a retried
     /// call does not shrink the group twice.
-    async fn delete_instances(
-        &self,
-        group: &str,
-        instances: &[String],
-    ) -> Result<(), ProviderError> {
+    async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
         if instances.is_empty() {
             return Ok(());
         }
@@ -755,20 +663,11 @@ impl CloudProvider for AwsProvider {
         let name = g.auto_scaling_group_name().unwrap_or(group).to_owned();
         let mut ids: Vec<&str> = Vec::new();
         for reference in instances {
-            let not_found = || ProviderError::InstanceNotFound {
-                group: group.to_owned(),
-                instance: reference.clone(),
-            };
+            let not_found =
+                || ProviderError::InstanceNotFound { group: group.to_owned(), instance: reference.clone() };
             let id = mapping::instance_id_of(reference).ok_or_else(not_found)?;
-            let member = g
-                .instances()
-                .iter()
-                .find(|i| i.instance_id() == Some(id))
-                .ok_or_else(not_found)?;
-            if member
-                .lifecycle_state()
-                .is_some_and(|s| s.as_str().starts_with("Terminat"))
-            {
+            let member = g.instances().iter().find(|i| i.instance_id() == Some(id)).ok_or_else(not_found)?;
+            if member.lifecycle_state().is_some_and(|s| s.as_str().starts_with("Terminat")) {
                 debug!(group = name, instance = id, "already terminating");
                 continue;
             }
@@ -781,12 +680,7 @@ impl CloudProvider for AwsProvider {
         let max = g.max_size().unwrap_or(0).max(0) as u32;
         let after = desired.saturating_sub(ids.len() as u32);
         if (ids.len() as u32) > desired || after < min {
-            return Err(ProviderError::SizeOutOfRange {
-                group: group.to_owned(),
-                target: after,
-                min,
-                max,
-            });
+            return Err(ProviderError::SizeOutOfRange { group: group.to_owned(), target: after, min, max });
         }
         for id in ids {
             self.asg

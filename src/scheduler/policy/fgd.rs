@@ -10,8 +10,8 @@ use super::Policy;
 use crate::model::{DeviceAssignment, Node, Workload};
 use crate::scheduler::fit::{self, Unfit};
 use crate::scheduler::view::{FreeView, MAX_GPUS};
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// Fragmentation of nodes for one expected workload, memoised by node state.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub struct Fragmentation {
     /// many of them it covers.
     cpu_steps: Vec<u64>,
     models: RefCell<Vec<Option<String>>>,
-    memo: RefCell<HashMap<FragKey, f64>>,
+    memo: RefCell<FxHashMap<FragKey, f64>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,7 +38,7 @@ impl Fragmentation {
         let mut cpu_steps: Vec<u64> = target.shapes.iter().map(|s| s.cpu_milli).collect();
         cpu_steps.sort_unstable();
         cpu_steps.dedup();
-        Self { target, cpu_steps, models: RefCell::new(Vec::new()), memo: RefCell::new(HashMap::new()) }
+        Self { target, cpu_steps, models: RefCell::new(Vec::new()), memo: RefCell::new(FxHashMap::default()) }
     }
 
     /// The expected workload.
