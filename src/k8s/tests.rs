@@ -608,7 +608,7 @@ fn bound_pods_are_accounted_on_their_nodes() {
         bound("over", "a100", json!({"nvidia.com/mig-3g.20gb": 2})),
     ])
     .unwrap();
-    let n = &l.snapshot.nodes;
+    let n = &with_running(&l);
     assert_eq!(n[0].allocated.cpu_milli, 2000);
     let GpuMode::Mig { instances, .. } = &n[0].gpus[0].mode else { panic!("MIG node") };
     assert_eq!(instances.iter().filter(|i| i.used).count(), 1);
@@ -634,7 +634,7 @@ fn hami_pods_use_the_allocated_device_and_memory_percentage() {
     p["status"]["phase"] = json!("Running");
     let l = load(vec![hami, p]).unwrap();
     assert_eq!(l.snapshot.workloads[0].gpu, GpuDemand::Fraction { count: 1, milli: 0, memory_mib: 12_288 });
-    let n = &l.snapshot.nodes[0];
+    let n = &with_running(&l)[0];
     assert_eq!(n.gpu_model.as_deref(), Some("A10"));
     assert_eq!(n.gpus[0].used_memory_mib, 0);
     assert_eq!(n.gpus[1].used_memory_mib, 12_288, "the GPU HAMi recorded");
@@ -677,7 +677,8 @@ fn mig_single_nodes_account_gpu_requests_as_instances() {
     let mut p = pod("ml", "p", gpu_container(json!({"nvidia.com/gpu": 3})));
     p["spec"]["nodeName"] = json!("a100-single");
     let l = load(vec![n, p]).unwrap();
-    let node = &l.snapshot.nodes[0];
+    assert!(l.snapshot.nodes[0].gpus.iter().all(|g| g.is_idle()), "nodes come with capacity only");
+    let node = &with_running(&l)[0];
     assert_eq!(node.gpus.len(), 2, "two 3g.20gb per A100-40GB");
     let used: usize = mig_layouts(node).iter().map(Vec::len).sum();
     assert_eq!(used, 4);
@@ -699,4 +700,16 @@ fn hami_use_gputype_lists_accepted_models() {
     v["metadata"]["annotations"] = json!({"nvidia.com/use-gputype": "A100,T4"});
     let w = one_pod(v);
     assert_eq!(w.gpu_models, ["A100-80GB", "A100-40GB", "T4"]);
+}
+
+/// The nodes with the running pods' recorded devices applied, as the planner does.
+fn with_running(l: &LoadedSnapshot) -> Vec<crate::model::Node> {
+    let mut nodes = l.snapshot.nodes.clone();
+    for w in &l.snapshot.workloads {
+        let (Some(name), Some(devices)) = (&w.node_name, &w.devices) else { continue };
+        if let Some(n) = nodes.iter_mut().find(|n| &n.name == name) {
+            n.allocate(&w.requests, devices);
+        }
+    }
+    nodes
 }

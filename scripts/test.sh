@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs and starts what the tests need (the moto AWS
+# API emulator), then runs formatting and lint checks and every test with every cargo feature.
+#
+#   scripts/test.sh            # what CI runs (.ci/run)
+#
+# The openb trace is read from ../shared/traces/openb (override with OPENB_TRACE_DIR).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+# Python's venv module is needed to install moto; Debian ships it separately.
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "test.sh: installing python3-venv" >&2
+    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+fi
+
+trace="${OPENB_TRACE_DIR:-../shared/traces/openb}"
+if [[ ! -f "$trace/openb_node_list_gpu_node.csv" ]]; then
+    echo "test.sh: the openb trace is missing at $trace (set OPENB_TRACE_DIR)" >&2
+    exit 1
+fi
+
+# One moto server for all AWS tests; stopped when this script exits.
+endpoint="$(scripts/moto.sh start)" || { echo "test.sh: moto did not start" >&2; exit 1; }
+trap 'scripts/moto.sh stop >/dev/null 2>&1 || true' EXIT
+export MOTO_ENDPOINT="$endpoint"
+echo "test.sh: moto at $MOTO_ENDPOINT" >&2
+
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo test --all-features
