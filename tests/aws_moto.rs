@@ -339,7 +339,9 @@ async fn discovers_groups_by_tag_and_prefix_with_gpu_facts_and_prices() {
     assert!(t.gpus.iter().all(|d| d.memory_mib == 40960));
     assert_eq!(t.allocatable.cpu_milli, 96_000);
     assert_eq!(t.allocatable.memory_mib(), 1_179_648);
-    assert!(t.mig_geometry().is_some(), "A100 carries its MIG geometry");
+    let model = gpuscale::model::GpuCatalog.resolve(t.gpu_model.as_deref().unwrap()).unwrap();
+    assert!(model.mig.is_some(), "A100 is MIG-capable");
+    assert!(t.mig_geometry().is_none(), "but the template's GPUs are not in MIG mode");
     assert_eq!(t.labels["eks.amazonaws.com/capacityType"], "SPOT");
     let d = discovered.iter().find(|d| d.group.id == g.id).unwrap();
     assert_eq!(d.price_source, PriceSource::SpotHistory);

@@ -8,6 +8,7 @@
 pub mod aws;
 pub mod catalog;
 pub mod config;
+pub mod gang;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 #[cfg(feature = "cloud")]

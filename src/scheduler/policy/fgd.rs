@@ -106,22 +106,23 @@ impl Fgd {
     }
 }
 
-/// Scores every candidate with `score(Δfrag)` and keeps the first best; shared by FGD and the
-/// gpuscale policy.
+/// Scores every candidate with `score(Δfrag, view before, view after)` and keeps the first best;
+/// shared by FGD and the gpuscale policy.
 pub(crate) fn best_by_frag_delta(
     frag: &Fragmentation,
     node: &Node,
     workload: &Workload,
-    mut score: impl FnMut(f64, &FreeView, &DeviceAssignment) -> f64,
+    mut score: impl FnMut(f64, &FreeView, &FreeView) -> f64,
 ) -> Result<(f64, DeviceAssignment), Unfit> {
     let candidates = fit::candidates(node, workload)?;
     let model = node.gpu_model.as_deref();
-    let before = frag.of(model, &FreeView::of(node));
+    let before_view = FreeView::of(node);
+    let before = frag.of(model, &before_view);
     let mut best: Option<(f64, DeviceAssignment)> = None;
     for c in candidates {
-        let after_view = FreeView::after(node, workload, &c);
+        let after_view = before_view.with(node, workload, &c);
         let after = frag.of(model, &after_view);
-        let s = score(after - before, &after_view, &c);
+        let s = score(after - before, &before_view, &after_view);
         if best.as_ref().is_none_or(|(b, _)| s > *b) {
             best = Some((s, c));
         }

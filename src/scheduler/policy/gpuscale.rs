@@ -55,11 +55,10 @@ impl Policy for GpuscalePolicy {
     }
 
     fn evaluate(&self, node: &Node, workload: &Workload) -> Result<(f64, DeviceAssignment), Unfit> {
-        let stranded_before = self.stranded(&FreeView::of(node));
         let is_empty = node.allocated.cpu_milli == 0 && node.gpus.iter().all(|g| g.is_idle());
         let opening_cost = if is_empty { OPEN_NODE_COST * node.gpu_milli_capacity() as f64 } else { 0.0 };
-        best_by_frag_delta(&self.frag, node, workload, |frag_delta, after, _| {
-            -(frag_delta + self.stranded(after) - stranded_before + opening_cost) / 1000.0
+        best_by_frag_delta(&self.frag, node, workload, |frag_delta, before, after| {
+            -(frag_delta + self.stranded(after) - self.stranded(before) + opening_cost) / 1000.0
         })
     }
 }

@@ -1,0 +1,95 @@
+//! Atomic gang scale-up against the simulated cloud: all or nothing, nothing left billing.
+
+use gpuscale::model::InstanceState;
+use gpuscale::providers::config;
+use gpuscale::providers::gang::{scale_up_gang, GangOutcome, GroupGrowth};
+use gpuscale::providers::simulated::{SimulatedCloud, SimulationSettings};
+use std::time::Duration;
+
+const GROUPS: &str = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    nodeGroups:
+      - {name: h100-a, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 8, targetSize: 1}
+      - {name: h100-b, instanceType: p5.48xlarge, zones: [us-east-1b], minSize: 0, maxSize: 8, targetSize: 0}
+"#;
+
+fn cloud() -> SimulatedCloud {
+    let groups = config::load_strs(&[("gang.yaml", GROUPS)]).unwrap().node_groups();
+    let settings = SimulationSettings {
+        boot: Duration::from_secs(120),
+        capacity_error_rate: 0.0,
+        spot_interruptions_per_hour: 0.0,
+        ..Default::default()
+    };
+    let cloud = SimulatedCloud::new("sim", groups, settings);
+    // The group's existing node is up.
+    cloud.advance(Duration::from_secs(600));
+    cloud
+}
+
+fn growth() -> Vec<GroupGrowth> {
+    vec![GroupGrowth { group: "sim/h100-a".into(), to: 3 }, GroupGrowth { group: "sim/h100-b".into(), to: 2 }]
+}
+
+fn live(cloud: &SimulatedCloud, group: &str) -> usize {
+    let groups = cloud.snapshot();
+    let g = groups.iter().find(|g| g.id == group).unwrap();
+    g.instances.iter().filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running)).count()
+}
+
+#[tokio::test]
+async fn a_gang_whose_instances_all_come_up_is_ready() {
+    let cloud = cloud();
+    let outcome = scale_up_gang(&cloud, &growth(), Duration::from_secs(900), Duration::from_secs(30), |d| {
+        cloud.advance(d);
+        std::future::ready(())
+    })
+    .await
+    .unwrap();
+    let GangOutcome::Ready { instances } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(instances["sim/h100-a"].len(), 2);
+    assert_eq!(instances["sim/h100-b"].len(), 2);
+    assert_eq!((live(&cloud, "sim/h100-a"), live(&cloud, "sim/h100-b")), (3, 2));
+}
+
+#[tokio::test]
+async fn a_partial_gang_is_rolled_back_and_nothing_is_left_billing() {
+    let cloud = cloud();
+    // Zone b has room for one more p5, the gang needs two there.
+    cloud.set_zone_capacity("us-east-1b", Some(1));
+    let outcome = scale_up_gang(&cloud, &growth(), Duration::from_secs(900), Duration::from_secs(30), |d| {
+        cloud.advance(d);
+        std::future::ready(())
+    })
+    .await
+    .unwrap();
+    let GangOutcome::RolledBack { reason, deleted } = outcome else { panic!("{outcome:?}") };
+    assert!(reason.contains("sim/h100-b: 1/2 running"), "{reason}");
+    assert_eq!(deleted["sim/h100-a"].len(), 2);
+    assert_eq!(deleted["sim/h100-b"].len(), 1);
+    // Only the node that existed before is left, and the targets are back where they were.
+    cloud.advance(Duration::from_secs(600));
+    assert_eq!((live(&cloud, "sim/h100-a"), live(&cloud, "sim/h100-b")), (1, 0));
+    let groups = cloud.snapshot();
+    let targets: Vec<u32> = groups.iter().map(|g| g.target_size).collect();
+    assert_eq!(targets, vec![1, 0]);
+}
+
+#[tokio::test]
+async fn an_unknown_group_is_refused_before_anything_scales() {
+    let cloud = cloud();
+    let err = scale_up_gang(
+        &cloud,
+        &[GroupGrowth { group: "sim/h100-a".into(), to: 3 }, GroupGrowth { group: "sim/nope".into(), to: 1 }],
+        Duration::from_secs(60),
+        Duration::from_secs(30),
+        |_| std::future::ready(()),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("sim/nope"));
+    assert_eq!(live(&cloud, "sim/h100-a"), 1);
+}
