@@ -10,9 +10,23 @@ fn data(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
+/// Loads a snapshot and applies the running pods' recorded devices to their nodes, as the
+/// planner does (the loader returns nodes with their capacity only).
 fn load(rel: &str) -> LoadedSnapshot {
     let path = data(rel);
-    load_snapshot(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    let mut s = load_snapshot(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    assert!(s
+        .snapshot
+        .nodes
+        .iter()
+        .all(|n| n.allocated.cpu_milli == 0 && n.gpus.iter().all(|g| g.is_idle())));
+    for w in &s.snapshot.workloads {
+        let (Some(name), Some(devices)) = (&w.node_name, &w.devices) else { continue };
+        if let Some(n) = s.snapshot.nodes.iter_mut().find(|n| &n.name == name) {
+            n.allocate(&w.requests, devices);
+        }
+    }
+    s
 }
 
 fn node<'a>(s: &'a LoadedSnapshot, name: &str) -> &'a Node {
