@@ -120,20 +120,26 @@ pub fn build<'p>(
 /// Devices a running pod holds. The API does not say which GPU a pod got, so this replays the
 /// device choice; a pod that no longer fits (over-committed node) keeps its CPU and memory only.
 fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> DeviceAssignment {
-    let mut relaxed = w.clone();
-    // Already admitted: the node's taints, selectors and current CPU use must not reject it.
-    relaxed.tolerations.push(crate::model::Toleration {
-        operator: crate::model::TolerationOperator::Exists,
+    // Already admitted: only the devices matter, not taints, selectors or CPU.
+    let relaxed = Workload {
+        gpu: w.gpu.clone(),
+        tolerations: vec![crate::model::Toleration {
+            operator: crate::model::TolerationOperator::Exists,
+            ..Default::default()
+        }],
         ..Default::default()
-    });
-    relaxed.node_selector.clear();
-    relaxed.affinity_terms.clear();
-    relaxed.gpu_models.clear();
-    relaxed.requests = Default::default();
-    let mut free_node = node.clone();
-    free_node.unschedulable = false;
-    free_node.state = NodeState::Ready;
-    match fit::candidates(&free_node, &relaxed) {
+    };
+    let schedulable;
+    let node = if node.unschedulable || node.state == NodeState::Deleting {
+        let mut n = node.clone();
+        n.unschedulable = false;
+        n.state = NodeState::Ready;
+        schedulable = n;
+        &schedulable
+    } else {
+        node
+    };
+    match fit::candidates(node, &relaxed) {
         Ok(c) => c.into_iter().next().unwrap_or_default(),
         Err(reason) => {
             if !w.gpu.is_none() {

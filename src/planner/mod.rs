@@ -48,6 +48,10 @@ pub struct PlannerSettings {
     pub consolidation: bool,
     /// Most nodes one plan may add.
     pub max_new_nodes: u32,
+    /// Most nodes one plan may drain or replace: a disruption budget per loop, like Cluster
+    /// Autoscaler's scale-down parallelism and Karpenter's disruption budgets. Later loops
+    /// continue where this one stopped.
+    pub max_disruptions: u32,
 }
 
 impl Default for PlannerSettings {
@@ -59,6 +63,7 @@ impl Default for PlannerSettings {
             scale_down_utilization: 0.5,
             consolidation: true,
             max_new_nodes: 1000,
+            max_disruptions: 50,
         }
     }
 }

@@ -150,8 +150,10 @@ pub(crate) fn plan(
         .collect();
     candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
 
-    let mut consolidate: Vec<NodeId> = Vec::new();
     for (util, price, name, n) in candidates {
+        if out.scale_downs.len() as u32 >= settings.max_disruptions {
+            break;
+        }
         let gi = info[n].group.unwrap_or_default();
         if placer.nodes()[n].scale_down_disabled {
             out.kept.push(Kept { node: name, reason: "scale-down disabled by annotation".into() });
@@ -210,7 +212,6 @@ pub(crate) fn plan(
                 });
             }
             None => {
-                consolidate.push(n);
                 out.kept.push(Kept { node: name, reason: "its pods do not all fit on other nodes".into() });
             }
         }
@@ -218,7 +219,8 @@ pub(crate) fn plan(
 
     if settings.consolidation && !scale_up_pending {
         let mut state = DrainState { removed, removable, budgets };
-        replace_expensive(placer, info, input, groups, &mut state, &mut out);
+        let budget = settings.max_disruptions.saturating_sub(out.scale_downs.len() as u32);
+        replace_expensive(placer, info, input, groups, &mut state, budget, &mut out);
     }
     out
 }
@@ -230,6 +232,7 @@ fn replace_expensive(
     input: &PlanInput,
     groups: &[NodeGroup],
     state: &mut DrainState,
+    budget: u32,
     out: &mut ScaleDowns,
 ) {
     let DrainState { removed, removable, budgets } = state;
@@ -244,6 +247,9 @@ fn replace_expensive(
         .collect();
     nodes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     for (price, name, n) in nodes {
+        if out.replacements.len() as u32 >= budget {
+            break;
+        }
         let gi = info[n].group.unwrap_or_default();
         if removable[gi] == 0 || info[n].pods.is_empty() {
             continue;
