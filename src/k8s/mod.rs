@@ -23,7 +23,7 @@ pub use pod::{convert_pod, ConvertedPod, EffectiveRequests, HAMI_ALLOCATED};
 pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
 pub use source::{parse_text, read_path, SourcedObject};
 
-use crate::model::{ClusterSnapshot, DeviceAssignment, GpuDemand, GpuMode, Node, GPU_MILLI};
+use crate::model::{ClusterSnapshot, DeviceAssignment, GpuDemand, Node, GPU_MILLI};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -205,94 +205,22 @@ fn resolve_memory_percentage(p: &mut ConvertedPod, node: Option<&Node>, warnings
 /// got (except HAMi's annotation), so the choice is deterministic: the lowest-indexed devices
 /// that hold the request, the way the device plugin hands them out.
 fn bound_devices(node: &ConvertedNode, pod: &ConvertedPod) -> Result<DeviceAssignment, String> {
-    let n = &node.node;
-    let time_sliced = n.gpus.iter().any(|d| matches!(d.mode, GpuMode::TimeSliced { .. }));
-    let mig_instances = |profile: &str, count: u32| {
-        let mut out = Vec::new();
-        for d in &n.gpus {
-            if let GpuMode::Mig { instances, .. } = &d.mode {
-                for i in instances {
-                    if !i.used && i.placement.profile == profile && out.len() < count as usize {
-                        out.push((d.index, i.placement.clone()));
-                    }
-                }
-            }
-        }
-        if out.len() == count as usize {
-            Ok(DeviceAssignment::Mig { instances: out })
-        } else {
-            Err(format!("{count}x MIG {profile} requested, {} free", out.len()))
-        }
-    };
-    let replicas = |count: u32| {
-        let mut free: Vec<(u32, u8)> = n
-            .gpus
+    // HAMi records the GPUs it gave a pod; use them when they are all known.
+    if let GpuDemand::Fraction { count, milli, memory_mib } = &pod.workload.gpu {
+        let mut gpus: Vec<u8> = pod
+            .gpu_uuids
             .iter()
-            .filter_map(|d| match d.mode {
-                GpuMode::TimeSliced { replicas } => Some((replicas.saturating_sub(d.used_replicas), d.index)),
-                _ => None,
-            })
+            .filter_map(|u| node.gpu_uuids.iter().position(|x| x == u))
+            .map(|i| i as u8)
             .collect();
-        let total: u32 = free.iter().map(|(f, _)| f).sum();
-        if total < count {
-            return Err(format!("{count} time-sliced replicas requested, {total} free"));
-        }
-        let mut gpus = Vec::new();
-        while gpus.len() < count as usize {
-            free.sort_by_key(|&(f, g)| (std::cmp::Reverse(f), g));
-            free[0].0 -= 1;
-            gpus.push(free[0].1);
-        }
-        gpus.sort_unstable();
-        Ok(DeviceAssignment::Replicas { gpus })
-    };
-    match &pod.workload.gpu {
-        GpuDemand::None => Ok(DeviceAssignment::None),
-        GpuDemand::Whole { count } => {
-            if let Some(profile) = &node.mig_single_profile {
-                return mig_instances(profile, *count);
-            }
-            if time_sliced {
-                return replicas(*count);
-            }
-            let idle: Vec<u8> = n
-                .gpus
-                .iter()
-                .filter(|d| matches!(d.mode, GpuMode::Standard) && d.is_idle())
-                .map(|d| d.index)
-                .collect();
-            if idle.len() < *count as usize {
-                return Err(format!("{count} GPUs requested, {} idle", idle.len()));
-            }
-            Ok(DeviceAssignment::Whole {
-                gpus: crate::scheduler::fit::select_connected(n, &idle, *count as usize),
-            })
-        }
-        GpuDemand::Shared { count } => replicas(*count),
-        GpuDemand::Mig { profile, count } => mig_instances(profile, *count),
-        GpuDemand::Fraction { count, milli, memory_mib } => {
-            let by_uuid: Vec<u8> = pod
-                .gpu_uuids
-                .iter()
-                .filter_map(|u| node.gpu_uuids.iter().position(|x| x == u))
-                .map(|i| i as u8)
-                .collect();
-            let mut gpus: Vec<u8> = if by_uuid.len() == *count as usize {
-                by_uuid
-            } else {
-                let mut fitting: Vec<&crate::model::GpuDevice> =
-                    n.gpus.iter().filter(|d| d.fits_fraction(*milli, *memory_mib)).collect();
-                // The fullest GPUs first, as HAMi's binpack and KAI's default policy do.
-                fitting.sort_by_key(|d| (GPU_MILLI - d.used_milli.min(GPU_MILLI), d.index));
-                fitting.iter().take(*count as usize).map(|d| d.index).collect()
-            };
-            if gpus.len() < *count as usize {
-                return Err(format!("{} does not fit the node's GPUs", pod.workload.gpu.describe()));
-            }
+        if !gpus.is_empty() && gpus.len() == *count as usize {
             gpus.sort_unstable();
-            Ok(DeviceAssignment::Fraction { gpus, milli: *milli, memory_mib: *memory_mib })
+            return Ok(DeviceAssignment::Fraction { gpus, milli: *milli, memory_mib: *memory_mib });
         }
     }
+    crate::scheduler::fit::replay(&node.node, &pod.workload.gpu).map_err(|reason| {
+        format!("{} does not fit the node's free GPUs ({})", pod.workload.gpu.describe(), reason.as_str())
+    })
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::model::mig::{MigPlacement, A100_40GB};
-use crate::model::{NodeState, OwnerKind, SelectorOperator, TaintEffect, TolerationOperator};
+use crate::model::{GpuMode, NodeState, OwnerKind, SelectorOperator, TaintEffect, TolerationOperator};
 use serde_json::{json, Value};
 
 fn node(name: &str, labels: Value, allocatable: Value) -> Value {

@@ -117,43 +117,21 @@ pub fn build<'p>(
     (placer, info)
 }
 
-/// Devices a running pod holds. The API does not say which GPU a pod got, so this replays the
-/// device choice; a pod that no longer fits (over-committed node) keeps its CPU and memory only.
+/// Devices a running pod holds; a pod that no longer fits (over-committed node) keeps its CPU and
+/// memory only.
 fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> DeviceAssignment {
-    // Already admitted: only the devices matter, not taints, selectors or CPU.
-    let relaxed = Workload {
-        gpu: w.gpu.clone(),
-        tolerations: vec![crate::model::Toleration {
-            operator: crate::model::TolerationOperator::Exists,
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let schedulable;
-    let node = if node.unschedulable || node.state == NodeState::Deleting {
-        let mut n = node.clone();
-        n.unschedulable = false;
-        n.state = NodeState::Ready;
-        schedulable = n;
-        &schedulable
-    } else {
-        node
-    };
-    match fit::candidates(node, &relaxed) {
-        Ok(c) => c.into_iter().next().unwrap_or_default(),
-        Err(reason) => {
-            if !w.gpu.is_none() {
-                warnings.push(format!(
-                    "pod {} on {} asks for {} but the node has no room for it ({})",
-                    w.id,
-                    node.name,
-                    w.gpu.describe(),
-                    reason.as_str()
-                ));
-            }
-            DeviceAssignment::None
+    fit::replay(node, &w.gpu).unwrap_or_else(|reason| {
+        if !w.gpu.is_none() {
+            warnings.push(format!(
+                "pod {} on {} asks for {} but the node has no room for it ({})",
+                w.id,
+                node.name,
+                w.gpu.describe(),
+                reason.as_str()
+            ));
         }
-    }
+        DeviceAssignment::None
+    })
 }
 
 /// Node-specific labels that never belong in a group template.

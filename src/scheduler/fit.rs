@@ -101,6 +101,28 @@ fn whole(node: &Node, count: u32) -> Result<Vec<DeviceAssignment>, Unfit> {
     Ok(vec![DeviceAssignment::Whole { gpus: select_connected(node, &idle, count as usize) }])
 }
 
+/// The devices a pod that is already running on `node` most likely holds: the API does not say
+/// which GPU a pod got, so the device choice is replayed (fullest fitting GPU for shares, as
+/// HAMi's binpack and KAI do). Taints, selectors, CPU and node state are ignored: the pod is
+/// admitted already.
+pub fn replay(node: &Node, gpu: &GpuDemand) -> Result<DeviceAssignment, Unfit> {
+    let admitted = Workload {
+        gpu: gpu.clone(),
+        tolerations: vec![crate::model::Toleration {
+            operator: crate::model::TolerationOperator::Exists,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    if node.unschedulable || node.state == NodeState::Deleting {
+        let mut n = node.clone();
+        n.unschedulable = false;
+        n.state = NodeState::Ready;
+        return super::policy::best_fit_devices(&n, &admitted);
+    }
+    super::policy::best_fit_devices(node, &admitted)
+}
+
 /// The MIG profile that `nvidia.com/gpu` stands for on a node using the device plugin's MIG
 /// `single` strategy.
 fn single_strategy_profile(node: &Node) -> Option<String> {
