@@ -33,8 +33,6 @@ pub struct ConvertedNode {
     pub node: Node,
     /// HAMi device UUIDs by GPU index (empty on non-HAMi nodes).
     pub gpu_uuids: Vec<String>,
-    /// MIG profile of every `nvidia.com/gpu` on a single-strategy MIG node.
-    pub mig_single_profile: Option<String>,
 }
 
 /// One GPU as HAMi's device plugin registers it on the node.
@@ -266,7 +264,6 @@ pub fn convert_node(
             scale_down_disabled,
         },
         gpu_uuids: gpus.uuids,
-        mig_single_profile: gpus.mig_single_profile,
     })
 }
 
@@ -277,7 +274,6 @@ struct NodeGpus {
     devices: Vec<GpuDevice>,
     uuids: Vec<String>,
     numa: Vec<u8>,
-    mig_single_profile: Option<String>,
     /// A GPU node whose device plugin advertises no GPUs yet.
     awaiting_device_plugin: bool,
 }
@@ -386,7 +382,6 @@ fn node_gpus(
                 )
             })?;
             out.devices = mig_devices(layouts, memory_mib, 0);
-            out.mig_single_profile = Some(profile_name);
             return Ok(out);
         }
     }
