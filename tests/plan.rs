@@ -315,3 +315,20 @@ fn an_expensive_node_is_replaced_by_a_cheaper_one() {
     assert_eq!(plan.replacements[0].replacement_group, "c/l4-4");
     assert!(plan.cost_after < plan.cost_before);
 }
+
+#[test]
+fn a_gang_with_a_minimum_scales_for_the_minimum_and_reports_the_rest() {
+    let g = groups(GROUPS); // h100 max 2 nodes of 8 GPUs
+    let workloads = (0..3)
+        .map(|i| Workload {
+            gang: Some("t/job".into()),
+            gang_min_members: Some(2),
+            ..pod(&format!("t/w{i}"), 8000, GpuDemand::Whole { count: 8 })
+        })
+        .collect();
+    let plan = plan(ClusterSnapshot { workloads, ..Default::default() }, g);
+    assert_eq!(plan.scale_ups.len(), 1, "{}", plan.to_table());
+    assert_eq!((plan.scale_ups[0].to, plan.scale_ups[0].pods.len()), (2, 2));
+    assert_eq!(plan.unschedulable.len(), 1);
+    assert!(plan.unschedulable[0].reason.contains("gang minimum placed"), "{:?}", plan.unschedulable);
+}

@@ -94,21 +94,3 @@ pub struct NodeGroup {
     /// What a new node of this group looks like (allocatable, GPUs, labels, taints, zone).
     pub template: Node,
 }
-
-impl NodeGroup {
-    /// Instances requested but not yet running or failed: capacity on its way.
-    pub fn in_flight(&self) -> u32 {
-        let live = self
-            .instances
-            .iter()
-            .filter(|i| !matches!(i.state, InstanceState::Failed { .. } | InstanceState::Terminating))
-            .count() as u32;
-        self.target_size.saturating_sub(live.min(self.target_size))
-            + self.instances.iter().filter(|i| i.state == InstanceState::Pending).count() as u32
-    }
-
-    /// Room left before `max_size`.
-    pub fn headroom(&self) -> u32 {
-        self.max_size.saturating_sub(self.target_size)
-    }
-}

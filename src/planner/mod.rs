@@ -137,6 +137,10 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     for unit in pending_units(&snapshot.workloads) {
         match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, &|_| true) {
             Some(placed) => {
+                // A gang whose minimum is placed: its other members scale like single pods.
+                for &wi in unit.pods.iter().filter(|wi| !placed.iter().any(|(p, _)| p == *wi)) {
+                    unplaced.push(Unit { pods: vec![wi], required: 1, topology_key: None, gang: None });
+                }
                 for (wi, p) in placed {
                     info[p.node].pods.push((wi, p.devices));
                 }

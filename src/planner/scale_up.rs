@@ -54,6 +54,21 @@ fn place_members(
     None
 }
 
+/// Gang members beyond the gang's minimum that found no room are reported, not dropped.
+fn report_left_over(
+    unit: &Unit,
+    placed: &[(usize, Placement)],
+    workloads: &[Workload],
+    unschedulable: &mut Vec<Unschedulable>,
+) {
+    for &wi in unit.pods.iter().filter(|wi| !placed.iter().any(|(p, _)| p == *wi)) {
+        unschedulable.push(Unschedulable {
+            pod: workloads[wi].id.clone(),
+            reason: "gang minimum placed; this member waits for capacity in a later loop".into(),
+        });
+    }
+}
+
 /// Result of the scale-up step.
 pub(crate) struct ScaleUps {
     pub scale_ups: Vec<ScaleUp>,
@@ -156,6 +171,7 @@ pub(crate) fn plan(
         if let Some(placed) =
             place_unit(placer, workloads, unit, &|n| is_new.get(n).copied().unwrap_or(false))
         {
+            report_left_over(unit, &placed, workloads, &mut unschedulable);
             for (wi, p) in placed {
                 pods_for
                     .entry(info[p.node].group.unwrap_or(usize::MAX))
@@ -244,6 +260,7 @@ pub(crate) fn plan(
         let placed = place_unit(placer, workloads, unit, &|n| n >= first_new);
         match placed {
             Some(placed) => {
+                report_left_over(unit, &placed, workloads, &mut unschedulable);
                 added[gi] += nodes;
                 total_new += nodes;
                 for (wi, p) in placed {
