@@ -2,3 +2,4 @@
 
 pub mod inflation;
 pub mod synthetic;
+pub mod autoscale;
