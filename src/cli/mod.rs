@@ -2,6 +2,7 @@
 
 mod plan;
 mod plot;
+mod autoscale;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
