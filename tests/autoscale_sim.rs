@@ -27,11 +27,9 @@ fn trace_dir() -> PathBuf {
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/openb")),
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/openb")),
     ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|d| d.join("openb_pod_list_default.csv").exists())
-        .expect("the openb trace is not at ../shared/traces/openb or ../../shared/traces/openb (set OPENB_TRACE_DIR)")
+    candidates.into_iter().flatten().find(|d| d.join("openb_pod_list_default.csv").exists()).expect(
+        "the openb trace is not at ../shared/traces/openb or ../../shared/traces/openb (set OPENB_TRACE_DIR)",
+    )
 }
 
 #[test]
@@ -133,11 +131,57 @@ fn openb_slice_is_sane_and_deterministic() {
             run.never_ran
         );
         assert!(run.cost >= lb, "{:?} cost {} below the lower bound {lb}", run.policy, run.cost);
-        assert_eq!(run.ran + run.never_ran, jobs.jobs.len(), "{:?}: every pod runs or is reported", run.policy);
+        assert_eq!(
+            run.ran + run.never_ran,
+            jobs.jobs.len(),
+            "{:?}: every pod runs or is reported",
+            run.policy
+        );
     }
     let again = autoscale::run(&jobs, &groups, Autoscaler::Gpuscale, &cfg);
     assert_eq!(again.cost, cmp.runs[0].cost, "same seed, same run");
     assert_eq!(again.samples, cmp.runs[0].samples);
     let ca_again = autoscale::run(&jobs, &groups, Autoscaler::ClusterAutoscaler, &cfg);
     assert_eq!(ca_again.samples, cmp.runs[1].samples);
+}
+
+#[test]
+fn cli_writes_table_csv_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("pods.csv");
+    let mut csv = String::from(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n",
+    );
+    for k in 0..12 {
+        csv.push_str(&format!(
+            "p{k},4000,8192,1,{},,LS,Running,{},{},0\n",
+            250 + 50 * k,
+            100 * k,
+            100 * k + 1800
+        ));
+    }
+    csv.push_str("late,4000,8192,1,1000,,LS,Running,,,\n");
+    std::fs::write(&trace, csv).unwrap();
+    let out = dir.path().join("out");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["simulate", "--autoscale", "--window-hours", "1", "--seed", "5", "--pods"])
+        .arg(&trace)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("12 pods") && stdout.contains("1 pods without times skipped"), "{stdout}");
+    for p in ["lower-bound", "gpuscale", "ca-like", "static-peak"] {
+        assert!(stdout.contains(p), "{p} missing:\n{stdout}");
+    }
+    let csv = std::fs::read_to_string(out.join("autoscale.csv")).unwrap();
+    let header = csv.lines().next().unwrap();
+    assert!(
+        header.starts_with("time_s,gpuscale_capacity_gpus,gpuscale_allocated_gpus,gpuscale_demanded_gpus")
+    );
+    assert_eq!(csv.lines().count(), 1 + 360, "one row per 10 s loop over 1 h");
+    let svg = std::fs::read_to_string(out.join("autoscale.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("gpuscale capacity"));
 }

@@ -31,6 +31,10 @@ pub struct AutoscaleArgs {
     /// Minutes a node must stay removable before it is removed (both autoscalers).
     #[arg(long, default_value_t = 10)]
     unneeded_minutes: u64,
+    /// gpuscale's scale-down threshold: GPU nodes allocated below this share are removal
+    /// candidates when their pods fit elsewhere.
+    #[arg(long, default_value_t = 0.5)]
+    scale_down_utilization: f64,
     /// Instance boot time in seconds (default: the provider config's simulation settings).
     #[arg(long)]
     boot_seconds: Option<u64>,
@@ -40,8 +44,14 @@ pub struct AutoscaleArgs {
 }
 
 /// Runs the replay and writes the report.
-pub fn run(pods: &Path, seed: u64, out: Option<&Path>, json: bool, args: &AutoscaleArgs) -> anyhow::Result<ExitCode> {
-    if !(args.window_hours > 0.0) {
+pub fn run(
+    pods: &Path,
+    seed: u64,
+    out: Option<&Path>,
+    json: bool,
+    args: &AutoscaleArgs,
+) -> anyhow::Result<ExitCode> {
+    if args.window_hours.is_nan() || args.window_hours <= 0.0 {
         bail!("--window-hours: {} must be positive", args.window_hours);
     }
     if args.interval_seconds == 0 {
@@ -84,6 +94,7 @@ pub fn run(pods: &Path, seed: u64, out: Option<&Path>, json: bool, args: &Autosc
         interval: args.interval_seconds,
         unneeded: args.unneeded_minutes * 60,
         seed,
+        scale_down_utilization: args.scale_down_utilization,
         cloud,
         ..Default::default()
     };
@@ -134,11 +145,31 @@ fn print_table(pods: &Path, jobs: &autoscale::Jobs, cmp: &Comparison) {
     );
     println!(
         "{:<12} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
-        "policy", "cost $", "GPU-h", "x bound", "alloc", "p50 s", "p95 s", "p99 s", "actions", "disrupted", "never ran"
+        "policy",
+        "cost $",
+        "GPU-h",
+        "x bound",
+        "alloc",
+        "p50 s",
+        "p95 s",
+        "p99 s",
+        "actions",
+        "disrupted",
+        "never ran"
     );
     println!(
         "{:<12} {:>10.0} {:>10.1} {:>8.2} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
-        "lower-bound", cmp.lower_bound.cost, cmp.lower_bound.gpu_hours, 1.0, "1.00", "-", "-", "-", "-", "-", "-"
+        "lower-bound",
+        cmp.lower_bound.cost,
+        cmp.lower_bound.gpu_hours,
+        1.0,
+        "1.00",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-"
     );
     for r in &cmp.runs {
         println!(

@@ -1,8 +1,8 @@
 //! Command-line parsing and the subcommands' edges: files in, reports out.
 
+mod autoscale;
 mod plan;
 mod plot;
-mod autoscale;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};

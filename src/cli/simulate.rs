@@ -25,7 +25,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     autoscale: bool,
     #[command(flatten)]
-    autoscale_args: super::autoscale::AutoscaleArgs,
+    autoscale_args: Box<super::autoscale::AutoscaleArgs>,
     /// Pod list CSV (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,...]`).
     #[arg(long)]
     pods: PathBuf,

@@ -15,7 +15,7 @@
 
 use crate::model::{
     dollars, ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState,
-    Workload, GPU_MILLI,
+    OwnerKind, Workload, GPU_MILLI,
 };
 use crate::planner::{self, PlanInput, PlannerSettings};
 use crate::providers::config::{self, ConfigError};
@@ -99,7 +99,12 @@ pub fn jobs_from_openb(pods: &[TracePod], start: Option<u64>, hours: f64) -> Job
         .filter(|(_, c, d)| *c < start + length && *d > start)
         .map(|(p, c, d)| {
             let arrival = c.saturating_sub(start);
-            Job { workload: p.workload.clone(), arrival, duration: d - c.max(start) }
+            // The trace's tasks come from job controllers: an evicted pod is recreated (re-queued).
+            let mut workload = p.workload.clone();
+            if workload.owner == OwnerKind::None {
+                workload.owner = OwnerKind::Job;
+            }
+            Job { workload, arrival, duration: d - c.max(start) }
         })
         .collect();
     jobs.sort_by(|a, b| a.arrival.cmp(&b.arrival).then(a.workload.id.cmp(&b.workload.id)));
@@ -119,6 +124,8 @@ pub struct AutoscaleConfig {
     pub backoff: u64,
     /// Seed of the simulated cloud (capacity errors) and tie-breaks.
     pub seed: u64,
+    /// gpuscale planner's scale-down threshold (GPU allocation of GPU nodes).
+    pub scale_down_utilization: f64,
     /// Cloud behaviour (boot time, capacity error rate); the seed is replaced by `seed`.
     pub cloud: SimulationSettings,
 }
@@ -131,6 +138,7 @@ impl Default for AutoscaleConfig {
             scale_down_delay_after_add: 600,
             backoff: 300,
             seed: 42,
+            scale_down_utilization: 0.5,
             cloud: SimulationSettings { boot: Duration::from_secs(120), ..Default::default() },
         }
     }
@@ -572,11 +580,9 @@ impl<'a> Sim<'a> {
         self.out.pending_p99 = pct(0.99);
         let with_cap: Vec<&Sample> = self.out.samples.iter().filter(|s| s.capacity_gpus > 0.0).collect();
         if !with_cap.is_empty() {
-            self.out.mean_allocation = with_cap
-                .iter()
-                .map(|s| (s.allocated_gpus / s.capacity_gpus).min(1.0))
-                .sum::<f64>()
-                / with_cap.len() as f64;
+            self.out.mean_allocation =
+                with_cap.iter().map(|s| (s.allocated_gpus / s.capacity_gpus).min(1.0)).sum::<f64>()
+                    / with_cap.len() as f64;
         }
     }
 
@@ -594,7 +600,9 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        while self.next_arrival < self.jobs.jobs.len() && self.jobs.jobs[self.next_arrival].arrival <= self.now {
+        while self.next_arrival < self.jobs.jobs.len()
+            && self.jobs.jobs[self.next_arrival].arrival <= self.now
+        {
             let j = &self.jobs.jobs[self.next_arrival];
             self.pods[self.next_arrival] = PodState::Pending { since: j.arrival };
             self.next_arrival += 1;
@@ -618,18 +626,15 @@ impl<'a> Sim<'a> {
             self.remove_node(&name);
         }
         for (id, gi) in running {
-            if !self.nodes.contains_key(&id) {
-                let node = fresh_node(&groups[gi], id.clone());
-                self.nodes.insert(
-                    id,
-                    SimNode {
-                        group: groups[gi].id.clone(),
-                        clean: node.clone(),
-                        live: node,
-                        pods: BTreeSet::new(),
-                        unneeded_since: None,
-                    },
-                );
+            if let std::collections::btree_map::Entry::Vacant(e) = self.nodes.entry(id) {
+                let node = fresh_node(&groups[gi], e.key().clone());
+                e.insert(SimNode {
+                    group: groups[gi].id.clone(),
+                    clean: node.clone(),
+                    live: node,
+                    pods: BTreeSet::new(),
+                    unneeded_since: None,
+                });
                 self.dirty = true;
             }
         }
@@ -665,7 +670,11 @@ impl<'a> Sim<'a> {
         n.unneeded_since = None;
         self.waited[i] += self.now.saturating_sub(since);
         self.ran[i] = true;
-        self.pods[i] = PodState::Running { node: node.to_string(), devices, ends: self.now + self.jobs.jobs[i].duration };
+        self.pods[i] = PodState::Running {
+            node: node.to_string(),
+            devices,
+            ends: self.now + self.jobs.jobs[i].duration,
+        };
     }
 
     fn pending(&self) -> Vec<usize> {
@@ -740,8 +749,10 @@ impl<'a> Sim<'a> {
         }
         self.dirty = false;
         self.last_plan = Some(self.now);
-        let mut snapshot = ClusterSnapshot::default();
-        snapshot.nodes = self.nodes.values().map(|n| n.clean.clone()).collect();
+        let mut snapshot = ClusterSnapshot {
+            nodes: self.nodes.values().map(|n| n.clean.clone()).collect(),
+            ..Default::default()
+        };
         let mut index: Vec<usize> = Vec::new();
         for (i, p) in self.pods.iter().enumerate() {
             let mut w = match p {
@@ -760,8 +771,17 @@ impl<'a> Sim<'a> {
         }
         let by_id: BTreeMap<&str, usize> =
             snapshot.workloads.iter().enumerate().map(|(k, w)| (w.id.as_str(), index[k])).collect();
-        let input = PlanInput { snapshot: snapshot.clone(), groups: self.cloud.snapshot(), unavailable: self.unavailable() };
-        let settings = PlannerSettings { seed: self.cfg.seed, consolidation: false, ..Default::default() };
+        let input = PlanInput {
+            snapshot: snapshot.clone(),
+            groups: self.cloud.snapshot(),
+            unavailable: self.unavailable(),
+        };
+        let settings = PlannerSettings {
+            seed: self.cfg.seed,
+            consolidation: false,
+            scale_down_utilization: self.cfg.scale_down_utilization,
+            ..Default::default()
+        };
         let plan = planner::plan(&input, &settings);
         for up in &plan.scale_ups {
             self.set_target(&up.group, up.to);
@@ -786,12 +806,19 @@ impl<'a> Sim<'a> {
             }
         }
         for sd in &plan.scale_downs {
-            let due = self.nodes.get(&sd.node).and_then(|n| n.unneeded_since).is_some_and(|t| now >= t + self.cfg.unneeded);
+            let due = self
+                .nodes
+                .get(&sd.node)
+                .and_then(|n| n.unneeded_since)
+                .is_some_and(|t| now >= t + self.cfg.unneeded);
             if !due {
                 continue;
             }
-            let moves: Vec<(usize, String)> =
-                sd.moves.iter().filter_map(|(pod, to)| by_id.get(pod.as_str()).map(|&i| (i, to.clone()))).collect();
+            let moves: Vec<(usize, String)> = sd
+                .moves
+                .iter()
+                .filter_map(|(pod, to)| by_id.get(pod.as_str()).map(|&i| (i, to.clone())))
+                .collect();
             self.drain_and_delete(&sd.node, &moves);
         }
         // Pods still pending that fit Ready nodes (e.g. evicted ones whose move target changed).
@@ -834,7 +861,8 @@ impl<'a> Sim<'a> {
         let mut upcoming: Vec<Node> = Vec::new();
         for g in &groups {
             let registered = self.nodes.values().filter(|n| n.group == g.id).count() as u32;
-            let failed = g.instances.iter().filter(|i| matches!(i.state, InstanceState::Failed { .. })).count() as u32;
+            let failed =
+                g.instances.iter().filter(|i| matches!(i.state, InstanceState::Failed { .. })).count() as u32;
             for k in 0..g.target_size.saturating_sub(registered + failed) {
                 upcoming.push(fresh_node(g, format!("{}-upcoming-{k}", g.id)));
             }
@@ -951,6 +979,12 @@ impl<'a> Sim<'a> {
         let mut moves = Vec::new();
         for &i in &node.pods {
             let w = &self.jobs.jobs[i].workload;
+            // Like CA: bare pods, DaemonSet/static pods and blocked evictions keep the node.
+            if matches!(w.owner, OwnerKind::None | OwnerKind::DaemonSet | OwnerKind::Node)
+                || w.eviction_blocked.is_some()
+            {
+                return None;
+            }
             let (ni, d) = first_fit(sims.iter(), w)?;
             sims[ni].allocate(&w.requests, &d);
             moves.push((i, others[ni].clone()));

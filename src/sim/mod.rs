@@ -1,5 +1,5 @@
 //! Trace replays through the scheduler.
 
+pub mod autoscale;
 pub mod inflation;
 pub mod synthetic;
-pub mod autoscale;
