@@ -35,6 +35,9 @@ pub struct AutoscaleArgs {
     /// candidates when their pods fit elsewhere.
     #[arg(long, default_value_t = 0.5)]
     scale_down_utilization: f64,
+    /// Turn off gpuscale's consolidation (replacing nodes by cheaper ones).
+    #[arg(long)]
+    no_consolidation: bool,
     /// Instance boot time in seconds (default: the provider config's simulation settings).
     #[arg(long)]
     boot_seconds: Option<u64>,
@@ -95,6 +98,7 @@ pub fn run(
         unneeded: args.unneeded_minutes * 60,
         seed,
         scale_down_utilization: args.scale_down_utilization,
+        consolidation: !args.no_consolidation,
         cloud,
         ..Default::default()
     };

@@ -126,6 +126,8 @@ pub struct AutoscaleConfig {
     pub seed: u64,
     /// gpuscale planner's scale-down threshold (GPU allocation of GPU nodes).
     pub scale_down_utilization: f64,
+    /// Whether gpuscale replaces nodes by cheaper ones (the planner's consolidation).
+    pub consolidation: bool,
     /// Cloud behaviour (boot time, capacity error rate); the seed is replaced by `seed`.
     pub cloud: SimulationSettings,
 }
@@ -139,6 +141,7 @@ impl Default for AutoscaleConfig {
             backoff: 300,
             seed: 42,
             scale_down_utilization: 0.5,
+            consolidation: true,
             cloud: SimulationSettings { boot: Duration::from_secs(120), ..Default::default() },
         }
     }
@@ -441,6 +444,8 @@ struct Sim<'a> {
     out: PolicyRun,
     dirty: bool,
     last_plan: Option<u64>,
+    /// gpuscale consolidation in progress: cordoned node -> (replacement group, requested at).
+    replacing: BTreeMap<String, (String, u64)>,
 }
 
 impl<'a> Sim<'a> {
@@ -477,6 +482,7 @@ impl<'a> Sim<'a> {
             },
             dirty: true,
             last_plan: None,
+            replacing: BTreeMap::new(),
         }
     }
 
@@ -749,6 +755,7 @@ impl<'a> Sim<'a> {
         }
         self.dirty = false;
         self.last_plan = Some(self.now);
+        self.finish_replacements();
         let mut snapshot = ClusterSnapshot {
             nodes: self.nodes.values().map(|n| n.clean.clone()).collect(),
             ..Default::default()
@@ -778,7 +785,7 @@ impl<'a> Sim<'a> {
         };
         let settings = PlannerSettings {
             seed: self.cfg.seed,
-            consolidation: false,
+            consolidation: self.cfg.consolidation,
             scale_down_utilization: self.cfg.scale_down_utilization,
             ..Default::default()
         };
@@ -796,7 +803,12 @@ impl<'a> Sim<'a> {
             self.bind(i, &node, devices);
         }
         // Scale-down after the node has been removable for `unneeded`.
-        let removable: BTreeSet<&str> = plan.scale_downs.iter().map(|s| s.node.as_str()).collect();
+        let removable: BTreeSet<&str> = plan
+            .scale_downs
+            .iter()
+            .map(|s| s.node.as_str())
+            .chain(plan.replacements.iter().map(|r| r.node.as_str()))
+            .collect();
         let now = self.now;
         for (name, n) in self.nodes.iter_mut() {
             if removable.contains(name.as_str()) {
@@ -821,8 +833,69 @@ impl<'a> Sim<'a> {
                 .collect();
             self.drain_and_delete(&sd.node, &moves);
         }
+        // Consolidation: cordon the node and request its cheaper replacement; the pods move once
+        // the replacement is Ready (`finish_replacements`).
+        for r in &plan.replacements {
+            let due = self
+                .nodes
+                .get(&r.node)
+                .and_then(|n| n.unneeded_since)
+                .is_some_and(|t| now >= t + self.cfg.unneeded);
+            if !due || self.replacing.contains_key(&r.node) {
+                continue;
+            }
+            let Some(target) =
+                self.cloud.snapshot().iter().find(|g| g.id == r.replacement_group).map(|g| g.target_size)
+            else {
+                continue;
+            };
+            if ready(self.cloud.set_target_size(&r.replacement_group, target + 1)).is_ok() {
+                self.out.scale_actions += 1;
+                if let Some(n) = self.nodes.get_mut(&r.node) {
+                    n.live.unschedulable = true;
+                    n.clean.unschedulable = true;
+                }
+                self.replacing.insert(r.node.clone(), (r.replacement_group.clone(), now));
+            }
+        }
         // Pods still pending that fit Ready nodes (e.g. evicted ones whose move target changed).
         self.bind_pending(true);
+    }
+
+    /// Moves the pods of cordoned nodes to their Ready replacements and deletes the old nodes;
+    /// gives up (uncordons) when no replacement shows up in time.
+    fn finish_replacements(&mut self) {
+        let entries: Vec<(String, (String, u64))> =
+            self.replacing.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (old, (group, at)) in entries {
+            if !self.nodes.contains_key(&old) {
+                self.replacing.remove(&old);
+                continue;
+            }
+            let pods: Vec<usize> = self.nodes[&old].pods.iter().copied().collect();
+            // A Ready node of the replacement group that holds all the pods.
+            let target =
+                self.nodes.iter().filter(|(k, n)| n.group == group && **k != old).find_map(|(k, n)| {
+                    let mut sim = n.live.clone();
+                    for &i in &pods {
+                        let w = &self.jobs.jobs[i].workload;
+                        let d = fit::candidates(&sim, w).ok()?.into_iter().next()?;
+                        sim.allocate(&w.requests, &d);
+                    }
+                    Some(k.clone())
+                });
+            if let Some(to) = target {
+                let moves: Vec<(usize, String)> = pods.iter().map(|&i| (i, to.clone())).collect();
+                self.replacing.remove(&old);
+                self.drain_and_delete(&old, &moves);
+            } else if self.now >= at + 3 * self.cfg.cloud.boot.as_secs() + self.cfg.backoff {
+                self.replacing.remove(&old);
+                if let Some(n) = self.nodes.get_mut(&old) {
+                    n.live.unschedulable = false;
+                    n.clean.unschedulable = false;
+                }
+            }
+        }
     }
 
     // ---- Cluster-Autoscaler-like baseline ----
