@@ -7,6 +7,12 @@
 //! cloud, binds pending pods to Ready nodes and advances the cloud's clock. Pods run for their
 //! trace duration once bound; an evicted pod is re-queued and runs its full duration again.
 //!
+//! gpuscale: `planner::plan` on a snapshot of the Ready nodes and the pods; scale-ups set the
+//! plan's absolute targets, pending pods are bound per the plan's placements on Ready nodes,
+//! scale-downs (and consolidation replacements: cordon, add the cheaper node, move the pods once it
+//! is Ready) happen after the node has been removable for `unneeded` seconds. Groups whose launch
+//! failed are passed as unavailable for `backoff` seconds.
+//!
 //! The Cluster-Autoscaler-like baseline follows CA's defaults: one expansion per loop chosen by
 //! the least-waste expander on CPU and memory only, node estimates in a whole-GPU view (fractional
 //! GPU requests rounded up to whole GPUs), scale-down of nodes whose CPU/memory utilisation is
@@ -14,8 +20,8 @@
 //! non-empty node per loop, not within 10 minutes of a scale-up), first-fit binding.
 
 use crate::model::{
-    dollars, ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState,
-    OwnerKind, Workload, GPU_MILLI,
+    ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState, OwnerKind,
+    Workload, GPU_MILLI,
 };
 use crate::planner::{self, PlanInput, PlannerSettings};
 use crate::providers::config::{self, ConfigError};
@@ -1073,9 +1079,4 @@ fn whole_gpu_view(w: &Workload) -> Workload {
         w.gpu = GpuDemand::Whole { count };
     }
     w
-}
-
-/// Writes the per-policy cost in dollars per hour of a group, for reports.
-pub fn price_per_hour(g: &NodeGroup) -> f64 {
-    g.price as f64 / dollars(1.0) as f64
 }
