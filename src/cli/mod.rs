@@ -1,5 +1,6 @@
 //! Command-line parsing and the subcommands' edges: files in, reports out.
 
+mod autoscale;
 mod plan;
 mod plot;
 mod simulate;

@@ -17,9 +17,15 @@ use std::process::ExitCode;
 /// Arguments of `gpuscale simulate`.
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
-    /// Node list CSV (`sn,cpu_milli,memory_mib,gpu,model`).
+    /// Node list CSV (`sn,cpu_milli,memory_mib,gpu,model`); not used with `--autoscale`.
+    #[arg(long, required_unless_present = "autoscale")]
+    nodes: Option<PathBuf>,
+    /// Replay the trace's arrivals and departures on an autoscaled cluster instead: gpuscale vs a
+    /// Cluster-Autoscaler-like baseline vs a static peak-sized cluster vs the cost lower bound.
     #[arg(long)]
-    nodes: PathBuf,
+    autoscale: bool,
+    #[command(flatten)]
+    autoscale_args: Box<super::autoscale::AutoscaleArgs>,
     /// Pod list CSV (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,...]`).
     #[arg(long)]
     pods: PathBuf,
@@ -100,6 +106,11 @@ fn parse_policies(names: &[String]) -> anyhow::Result<Vec<PolicyKind>> {
 
 /// Runs the command.
 pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    if args.autoscale {
+        let json = matches!(args.output, Format::Json);
+        return super::autoscale::run(&args.pods, args.seed, args.out.as_deref(), json, &args.autoscale_args);
+    }
+    let nodes_path = args.nodes.clone().context("--nodes is required without --autoscale")?;
     if !(args.inflate > 0.0 && args.inflate <= 10.0) {
         bail!("--inflate: {} is out of range (0, 10]", args.inflate);
     }
@@ -111,11 +122,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         None => vec![args.seed],
     };
     let policies = parse_policies(&args.policy)?;
-    let nodes = openb::read_nodes(&args.nodes)?;
+    let nodes = openb::read_nodes(&nodes_path)?;
     let trace: Vec<Workload> = openb::read_pods(&args.pods)?.into_iter().map(|p| p.workload).collect();
     let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
     if gpus == 0 {
-        bail!("{}: the node list has no GPUs", args.nodes.display());
+        bail!("{}: the node list has no GPUs", nodes_path.display());
     }
     tracing::info!(
         nodes = nodes.len(),
@@ -200,7 +211,7 @@ fn print_table(
     println!(
         "trace {} ({tasks} tasks) on {} ({nodes} nodes, {gpus} GPUs); arrivals to {end}% of GPU capacity; {} seed(s) {}",
         args.pods.display(),
-        args.nodes.display(),
+        args.nodes.as_deref().unwrap_or(std::path::Path::new("?")).display(),
         seeds.len(),
         seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
     );

@@ -1,4 +1,5 @@
 //! Trace replays through the scheduler.
 
+pub mod autoscale;
 pub mod inflation;
 pub mod synthetic;

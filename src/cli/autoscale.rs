@@ -1,0 +1,249 @@
+//! `gpuscale simulate --autoscale`: the autoscaling replay's files in, report out.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use gpuscale::providers::config::{self, ProviderKind};
+use gpuscale::providers::simulated::SimulationSettings;
+use gpuscale::sim::autoscale::{self, AutoscaleConfig, Comparison};
+use gpuscale::trace::openb;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Options of the autoscaling replay (with `--autoscale`).
+#[derive(Debug, Args)]
+pub struct AutoscaleArgs {
+    /// Replay window length in hours.
+    #[arg(long, default_value_t = 24.0)]
+    window_hours: f64,
+    /// Window start, hours from the trace start (default: the first creation time). Pods running
+    /// at the start join at once.
+    #[arg(long)]
+    window_start_hours: Option<f64>,
+    /// Provider config whose simulated accounts' node groups are scaled (default: embedded groups
+    /// shaped like the openb nodes).
+    #[arg(long)]
+    providers: Option<PathBuf>,
+    /// Autoscaler loop period in seconds of virtual time.
+    #[arg(long, default_value_t = 10)]
+    interval_seconds: u64,
+    /// Minutes a node must stay removable before it is removed (both autoscalers).
+    #[arg(long, default_value_t = 10)]
+    unneeded_minutes: u64,
+    /// gpuscale's scale-down threshold: GPU nodes allocated below this share are removal
+    /// candidates when their pods fit elsewhere.
+    #[arg(long, default_value_t = 0.5)]
+    scale_down_utilization: f64,
+    /// Turn off gpuscale's consolidation (replacing nodes by cheaper ones).
+    #[arg(long)]
+    no_consolidation: bool,
+    /// Instance boot time in seconds (default: the provider config's simulation settings).
+    #[arg(long)]
+    boot_seconds: Option<u64>,
+    /// Probability that a launch fails out-of-capacity (default: the provider config's).
+    #[arg(long)]
+    capacity_error_rate: Option<f64>,
+}
+
+/// Runs the replay and writes the report.
+pub fn run(
+    pods: &Path,
+    seed: u64,
+    out: Option<&Path>,
+    json: bool,
+    args: &AutoscaleArgs,
+) -> anyhow::Result<ExitCode> {
+    if args.window_hours.is_nan() || args.window_hours <= 0.0 {
+        bail!("--window-hours: {} must be positive", args.window_hours);
+    }
+    if args.interval_seconds == 0 {
+        bail!("--interval-seconds: must be at least 1");
+    }
+    let (groups, mut cloud) = match &args.providers {
+        Some(path) => {
+            let cfg = config::load_files(&[path])?;
+            let account = cfg
+                .accounts
+                .iter()
+                .find(|a| a.provider == ProviderKind::Simulated)
+                .with_context(|| format!("{}: no account with provider: simulated", path.display()))?;
+            let settings = account.simulation.as_ref().map(SimulationSettings::from).unwrap_or_default();
+            (cfg.node_groups_of(&account.name), settings)
+        }
+        None => autoscale::openb_groups()?,
+    };
+    if let Some(b) = args.boot_seconds {
+        cloud.boot = Duration::from_secs(b);
+    }
+    if let Some(r) = args.capacity_error_rate {
+        if !(0.0..=1.0).contains(&r) {
+            bail!("--capacity-error-rate: {r} is out of range [0, 1]");
+        }
+        cloud.capacity_error_rate = r;
+    }
+    let trace = openb::read_pods(pods)?;
+    let start = args.window_start_hours.map(|h| (h * 3600.0).round().max(0.0) as u64);
+    let jobs = autoscale::jobs_from_openb(&trace, start, args.window_hours);
+    tracing::info!(
+        pods = jobs.jobs.len(),
+        skipped_without_times = jobs.skipped_without_times,
+        window_start_s = jobs.start,
+        window_s = jobs.length,
+        groups = groups.len(),
+        "autoscaling replay"
+    );
+    let cfg = AutoscaleConfig {
+        interval: args.interval_seconds,
+        unneeded: args.unneeded_minutes * 60,
+        seed,
+        scale_down_utilization: args.scale_down_utilization,
+        consolidation: !args.no_consolidation,
+        cloud,
+        ..Default::default()
+    };
+    let cmp = autoscale::compare(&jobs, &groups, &cfg);
+    if json {
+        let summary = serde_json::json!({
+            "pods": jobs.jobs.len(),
+            "skippedWithoutTimes": jobs.skipped_without_times,
+            "windowStartSeconds": jobs.start,
+            "windowSeconds": jobs.length,
+            "lowerBound": cmp.lower_bound,
+            "policies": cmp.runs.iter().map(|r| serde_json::json!({
+                "policy": r.policy.name(),
+                "cost": r.cost,
+                "gpuHours": r.gpu_hours,
+                "costOverLowerBound": r.cost / cmp.lower_bound.cost,
+                "meanAllocation": r.mean_allocation,
+                "pendingP50": r.pending_p50,
+                "pendingP95": r.pending_p95,
+                "pendingP99": r.pending_p99,
+                "scaleActions": r.scale_actions,
+                "disrupted": r.disrupted,
+                "ran": r.ran,
+                "neverRan": r.never_ran,
+                "launchFailures": r.launch_failures,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_table(pods, &jobs, &cmp);
+    }
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_csv(&dir.join("autoscale.csv"), &cmp)?;
+        write_svg(&dir.join("autoscale.svg"), &cmp, jobs.length)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(pods: &Path, jobs: &autoscale::Jobs, cmp: &Comparison) {
+    println!(
+        "trace {}: {} pods in a {:.1} h window from t={} s ({} pods without times skipped)",
+        pods.display(),
+        jobs.jobs.len(),
+        jobs.length as f64 / 3600.0,
+        jobs.start,
+        jobs.skipped_without_times
+    );
+    println!(
+        "{:<12} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "policy",
+        "cost $",
+        "GPU-h",
+        "x bound",
+        "alloc",
+        "p50 s",
+        "p95 s",
+        "p99 s",
+        "actions",
+        "disrupted",
+        "never ran"
+    );
+    println!(
+        "{:<12} {:>10.0} {:>10.1} {:>8.2} {:>7} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "lower-bound",
+        cmp.lower_bound.cost,
+        cmp.lower_bound.gpu_hours,
+        1.0,
+        "1.00",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-"
+    );
+    for r in &cmp.runs {
+        println!(
+            "{:<12} {:>10.0} {:>10.1} {:>8.2} {:>7.2} {:>8.0} {:>8.0} {:>8.0} {:>8} {:>10} {:>10}",
+            r.policy.name(),
+            r.cost,
+            r.gpu_hours,
+            r.cost / cmp.lower_bound.cost,
+            r.mean_allocation,
+            r.pending_p50,
+            r.pending_p95,
+            r.pending_p99,
+            r.scale_actions,
+            r.disrupted,
+            r.never_ran
+        );
+    }
+}
+
+fn write_csv(path: &Path, cmp: &Comparison) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    let mut header = vec!["time_s".to_string()];
+    for r in &cmp.runs {
+        let p = r.policy.name();
+        for col in ["capacity_gpus", "allocated_gpus", "demanded_gpus", "pending_pods"] {
+            header.push(format!("{p}_{col}"));
+        }
+    }
+    writeln!(f, "{}", header.join(","))?;
+    let n = cmp.runs.iter().map(|r| r.samples.len()).min().unwrap_or(0);
+    for k in 0..n {
+        let mut row = vec![cmp.runs[0].samples[k].time.to_string()];
+        for r in &cmp.runs {
+            let s = &r.samples[k];
+            row.push(format!("{}", s.capacity_gpus));
+            row.push(format!("{:.3}", s.allocated_gpus));
+            row.push(format!("{:.3}", s.demanded_gpus));
+            row.push(s.pending.to_string());
+        }
+        writeln!(f, "{}", row.join(","))?;
+    }
+    f.flush().with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_svg(path: &Path, cmp: &Comparison, length: u64) -> anyhow::Result<()> {
+    let hours = |t: u64| t as f64 / 3600.0;
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = cmp
+        .runs
+        .iter()
+        .map(|r| {
+            (
+                format!("{} capacity", r.policy.name()),
+                r.samples.iter().map(|s| (hours(s.time), s.capacity_gpus)).collect(),
+            )
+        })
+        .collect();
+    if let Some(r) = cmp.runs.first() {
+        series.push((
+            "demand (GPUs of running + pending pods, gpuscale run)".to_string(),
+            r.samples.iter().map(|s| (hours(s.time), s.demanded_gpus)).collect(),
+        ));
+    }
+    super::plot::line_chart(
+        path,
+        "GPU capacity vs demand",
+        "hours into the window",
+        "GPUs",
+        (0.0, hours(length).max(1e-3)),
+        &series,
+    )
+}
