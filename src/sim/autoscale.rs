@@ -961,7 +961,7 @@ impl<'a> Sim<'a> {
         // Expansion options: binpacking estimate per group.
         let mut options: Vec<(f64, usize, u32)> = Vec::new();
         for (gi, g) in groups.iter().enumerate() {
-            if unavailable.contains_key(&g.id) || g.headroom() == 0 {
+            if unavailable.contains_key(&g.id) || g.max_size.saturating_sub(g.target_size) == 0 {
                 continue;
             }
             let mut new_nodes: Vec<Node> = Vec::new();
@@ -972,7 +972,7 @@ impl<'a> Sim<'a> {
                     helped += 1;
                     continue;
                 }
-                if new_nodes.len() as u32 >= g.headroom() {
+                if new_nodes.len() as u32 >= g.max_size.saturating_sub(g.target_size) {
                     continue;
                 }
                 let mut n = fresh_node(g, format!("est-{}", new_nodes.len()));
