@@ -94,3 +94,11 @@ pub struct NodeGroup {
     /// What a new node of this group looks like (allocatable, GPUs, labels, taints, zone).
     pub template: Node,
 }
+
+impl NodeGroup {
+    /// The group's name within its account: the last segment of the id (`gpu-h100` of
+    /// `aws/prod/gpu-h100`), which is what node-group labels on its nodes carry.
+    pub fn name(&self) -> &str {
+        self.id.rsplit('/').next().unwrap_or(&self.id)
+    }
+}

@@ -38,17 +38,16 @@ pub fn group_of(node: &Node, groups: &[NodeGroup]) -> Option<usize> {
         }
     }
     let label = node.node_group.as_deref()?;
-    groups.iter().position(|g| {
-        g.id.rsplit('/').next() == Some(label)
-            && node.instance_type.as_deref().is_none_or(|t| t == g.instance_type)
-    })
+    groups
+        .iter()
+        .position(|g| g.name() == label && node.instance_type.as_deref().is_none_or(|t| t == g.instance_type))
 }
 
 /// A node as the group's template describes it, named for the plan.
 pub fn template_node(group: &NodeGroup, name: String, state: NodeState) -> Node {
     let mut node = group.template.clone();
     node.name = name;
-    node.node_group = Some(group.id.rsplit('/').next().unwrap_or(&group.id).to_string());
+    node.node_group = Some(group.name().to_string());
     node.instance_type = Some(group.instance_type.clone());
     node.state = state;
     node
@@ -93,7 +92,7 @@ pub fn build<'p>(
             g.instances.iter().filter(|i| matches!(i.state, InstanceState::Failed { .. })).count() as u32;
         let upcoming = g.target_size.saturating_sub(registered[gi] + failed);
         for k in 0..upcoming {
-            let name = format!("{}-upcoming-{}", g.id.rsplit('/').next().unwrap_or(&g.id), k + 1);
+            let name = format!("{}-upcoming-{}", g.name(), k + 1);
             nodes.push(template_node(g, name, NodeState::Upcoming));
             info.push(NodeInfo { group: Some(gi), origin: Origin::Upcoming, pods: Vec::new() });
         }

@@ -272,8 +272,7 @@ fn replace_expensive(
             .min_by(|a, b| a.1.price.cmp(&b.1.price).then(a.1.id.cmp(&b.1.id)));
         let Some((h, g)) = cheaper else { continue };
         // Move the pods onto the replacement node in the simulation.
-        let new_name =
-            format!("{}-new-{}", g.id.rsplit('/').next().unwrap_or(&g.id), g.target_size + added[h] + 1);
+        let new_name = format!("{}-new-{}", g.name(), g.target_size + added[h] + 1);
         let new_id = placer.add_node(template_node(g, new_name, NodeState::Upcoming));
         info.push(NodeInfo { group: Some(h), origin: Origin::New, pods: Vec::new() });
         removed.push(false);

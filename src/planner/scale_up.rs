@@ -253,7 +253,7 @@ pub(crate) fn plan(
         let first_new = placer.nodes().len();
         for k in 0..nodes {
             let n = g.target_size + added[gi] + k + 1;
-            let name = format!("{}-new-{n}", g.id.rsplit('/').next().unwrap_or(&g.id));
+            let name = format!("{}-new-{n}", g.name());
             placer.add_node(template_node(g, name, NodeState::Upcoming));
             info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
         }

@@ -328,7 +328,7 @@ impl State {
         let id = if g.aws_ids {
             format!("aws:///{zone}/i-{hex:017x}")
         } else {
-            let name = g.group.id.rsplit('/').next().unwrap_or(&g.group.id);
+            let name = g.group.name();
             format!("sim:///{zone}/{name}-{:04}", g.launched)
         };
         SimInstance { id, zone, state, created: now }

@@ -43,12 +43,8 @@ pub fn cluster(
         let count = (gpu_nodes as f64 * share).round() as usize;
         for k in 0..count {
             let g = &groups[gi];
-            let mut n = g.template.clone();
-            n.name = format!("{}-{k}", g.id.rsplit('/').next().unwrap_or(&g.id));
-            n.state = NodeState::Ready;
-            n.node_group = g.id.rsplit('/').next().map(str::to_string);
-            n.instance_type = Some(g.instance_type.clone());
-            snapshot.nodes.push(n);
+            let name = format!("{}-{k}", g.name());
+            snapshot.nodes.push(crate::planner::cluster::template_node(g, name, NodeState::Ready));
         }
         groups[gi].target_size = count as u32;
         groups[gi].max_size = groups[gi].max_size.max(count as u32 + 100);
