@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod config;
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod model;

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use gpuscale::config::GpuscaleConfig;
 use gpuscale::planner::{self, PlanInput, PlannerSettings};
 use gpuscale::providers::config::{self, ProviderConfig};
 use gpuscale::scheduler::PolicyKind;
@@ -23,18 +24,21 @@ pub struct PlanArgs {
     /// account that matches the example cluster.
     #[arg(long)]
     providers: Vec<PathBuf>,
+    /// gpuscale config file (`planner:` section and the others); the flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     output: Output,
-    /// Placement policy for pending pods.
-    #[arg(long, default_value = "gpuscale")]
-    policy: PolicyKind,
+    /// Placement policy for pending pods (default: the config's, else `gpuscale`).
+    #[arg(long)]
+    policy: Option<PolicyKind>,
     /// Do not plan scale-down or consolidation.
     #[arg(long)]
     no_scale_down: bool,
-    /// Scale-down utilisation threshold (0..1).
-    #[arg(long, default_value_t = 0.5)]
-    scale_down_utilization: f64,
+    /// Scale-down utilisation threshold (0..1; default: the config's, else 0.5).
+    #[arg(long)]
+    scale_down_utilization: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -56,9 +60,13 @@ fn load_snapshot(path: Option<&Path>) -> anyhow::Result<gpuscale::k8s::LoadedSna
 
 /// Runs the command.
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
-    if !(0.0..=1.0).contains(&args.scale_down_utilization) {
-        anyhow::bail!("--scale-down-utilization: {} is outside 0..1", args.scale_down_utilization);
+    if let Some(u) = args.scale_down_utilization.filter(|u| !(0.0..=1.0).contains(u)) {
+        anyhow::bail!("--scale-down-utilization: {u} is outside 0..1");
     }
+    let settings_file = match &args.config {
+        Some(path) => GpuscaleConfig::load(path)?,
+        None => GpuscaleConfig::default(),
+    };
     let loaded = load_snapshot(args.snapshot.as_deref())?;
     let providers: ProviderConfig = if args.providers.is_empty() {
         ProviderConfig::embedded_default()?
@@ -67,12 +75,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     };
     let input =
         PlanInput { snapshot: loaded.snapshot, groups: providers.node_groups(), ..Default::default() };
-    let settings = PlannerSettings {
-        policy: args.policy,
-        scale_down: !args.no_scale_down,
-        scale_down_utilization: args.scale_down_utilization,
-        ..Default::default()
-    };
+    let mut settings: PlannerSettings = settings_file.planner;
+    if let Some(policy) = args.policy {
+        settings.policy = policy;
+    }
+    if let Some(u) = args.scale_down_utilization {
+        settings.scale_down_utilization = u;
+    }
+    settings.scale_down &= !args.no_scale_down;
     let mut plan = planner::plan(&input, &settings);
     let mut warnings = loaded.warnings;
     warnings.append(&mut plan.warnings);

@@ -1,0 +1,77 @@
+//! The gpuscale config file (`--config gpuscale.yaml`): how the planner and the controller behave.
+//!
+//! Cloud accounts and node groups live in the provider config files
+//! ([`crate::providers::config`]); this file holds the policy knobs, one section per concern, so a
+//! team can keep one file per cluster while provider files stay per cloud account.
+
+use crate::planner::PlannerSettings;
+use crate::providers::config::ConfigError;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The whole config file. Every section is optional; absent sections take their defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GpuscaleConfig {
+    /// Planner knobs: placement policy, scale-down threshold, consolidation, disruption budget.
+    pub planner: PlannerSettings,
+}
+
+impl GpuscaleConfig {
+    /// Reads and parses a config file; errors name the file, line and field.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Io { file: path.to_path_buf(), source })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses config text; `path` only names the source in errors. An empty file is the default.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let yaml_err = |e: serde_yaml::Error| {
+            let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+            ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
+        };
+        let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
+        if value.is_null() {
+            return Ok(Self::default());
+        }
+        let config: Self = serde_yaml::from_value(value).map_err(yaml_err)?;
+        let utilization = config.planner.scale_down_utilization;
+        if !(0.0..=1.0).contains(&utilization) {
+            return Err(ConfigError::Invalid {
+                file: path.to_path_buf(),
+                field: "planner.scaleDownUtilization".into(),
+                value: utilization.to_string(),
+                reason: "must be between 0 and 1".into(),
+            });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default_and_sections_override_it() {
+        let p = Path::new("gpuscale.yaml");
+        assert_eq!(GpuscaleConfig::parse(p, "# nothing\n").unwrap(), GpuscaleConfig::default());
+        let c =
+            GpuscaleConfig::parse(p, "planner:\n  scaleDownUtilization: 0.3\n  maxDisruptions: 5\n").unwrap();
+        assert_eq!(c.planner.scale_down_utilization, 0.3);
+        assert_eq!(c.planner.max_disruptions, 5);
+        assert_eq!(c.planner.seed, PlannerSettings::default().seed);
+    }
+
+    #[test]
+    fn errors_name_file_field_and_value() {
+        let p = Path::new("/etc/gpuscale/gpuscale.yaml");
+        let e = GpuscaleConfig::parse(p, "planner:\n  scaleDownUtilisation: 0.3\n").unwrap_err().to_string();
+        assert!(e.contains("/etc/gpuscale/gpuscale.yaml") && e.contains("scaleDownUtilisation"), "{e}");
+        let e = GpuscaleConfig::parse(p, "planner:\n  scaleDownUtilization: 1.5\n").unwrap_err().to_string();
+        assert!(e.contains("planner.scaleDownUtilization = 1.5"), "{e}");
+        let e = GpuscaleConfig::parse(p, "planner: [1, 2\n").unwrap_err().to_string();
+        assert!(e.starts_with("/etc/gpuscale/gpuscale.yaml:"), "{e}");
+    }
+}
