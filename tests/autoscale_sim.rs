@@ -105,6 +105,28 @@ fn pods_without_times_are_skipped_and_counted() {
 }
 
 #[test]
+fn default_window_is_the_hour_aligned_window_with_most_gpu_demand() {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    // A lone pod in hour 0; a burst of 8 GPUs in hours 5-6; a CPU-only pod that must not count.
+    std::fs::write(
+        f.path(),
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+         lone,1000,1024,1,500,,LS,Running,100,4000,100\n\
+         b1,1000,1024,4,1000,,LS,Running,19000,25000,19000\n\
+         b2,1000,1024,4,1000,,LS,Running,21000,24000,21000\n\
+         cpu,64000,1024,0,0,,LS,Running,40000,90000,40000\n",
+    )
+    .unwrap();
+    let pods = openb::read_pods(f.path()).unwrap();
+    // One-hour window: hour 5 (18000..21600) holds 4 GPUs x 2600 s + 4 x 600 s; hour 6 holds
+    // 4 x 3400 s + 4 x 2400 s, the most.
+    assert_eq!(autoscale::busiest_window_start(&pods, 1.0), 21600);
+    // A window as long as the trace starts at its first hour.
+    assert_eq!(autoscale::busiest_window_start(&pods, 30.0), 0);
+    assert_eq!(autoscale::busiest_window_start(&[], 24.0), 0);
+}
+
+#[test]
 fn openb_slice_is_sane_and_deterministic() {
     let pods = openb::read_pods(&trace_dir().join("openb_pod_list_default.csv")).unwrap();
     let (groups, _) = autoscale::openb_groups().unwrap();

@@ -17,7 +17,8 @@ pub struct AutoscaleArgs {
     /// Replay window length in hours.
     #[arg(long, default_value_t = 24.0)]
     window_hours: f64,
-    /// Window start, hours from the trace start (default: the first creation time). Pods running
+    /// Window start, hours from the trace start (default: the whole hour starting the window with
+    /// the most GPU demand, in GPU-seconds). Pods running
     /// at the start join at once.
     #[arg(long)]
     window_start_hours: Option<f64>,
@@ -31,6 +32,10 @@ pub struct AutoscaleArgs {
     /// Minutes a node must stay removable before it is removed (both autoscalers).
     #[arg(long, default_value_t = 10)]
     unneeded_minutes: u64,
+    /// Seconds gpuscale keeps an empty node before removing it (default: the boot time, the
+    /// ski-rental rule).
+    #[arg(long)]
+    empty_unneeded_seconds: Option<u64>,
     /// gpuscale's scale-down threshold: GPU nodes allocated below this share are removal
     /// candidates when their pods fit elsewhere.
     #[arg(long, default_value_t = 0.5)]
@@ -83,7 +88,10 @@ pub fn run(
         cloud.capacity_error_rate = r;
     }
     let trace = openb::read_pods(pods)?;
-    let start = args.window_start_hours.map(|h| (h * 3600.0).round().max(0.0) as u64);
+    let start = Some(match args.window_start_hours {
+        Some(h) => (h * 3600.0).round().max(0.0) as u64,
+        None => autoscale::busiest_window_start(&trace, args.window_hours),
+    });
     let jobs = autoscale::jobs_from_openb(&trace, start, args.window_hours);
     tracing::info!(
         pods = jobs.jobs.len(),
@@ -96,6 +104,7 @@ pub fn run(
     let cfg = AutoscaleConfig {
         interval: args.interval_seconds,
         unneeded: args.unneeded_minutes * 60,
+        unneeded_empty: args.empty_unneeded_seconds,
         seed,
         scale_down_utilization: args.scale_down_utilization,
         consolidation: !args.no_consolidation,

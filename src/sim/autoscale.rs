@@ -117,6 +117,36 @@ pub fn jobs_from_openb(pods: &[TracePod], start: Option<u64>, hours: f64) -> Job
     Jobs { jobs, skipped_without_times, start, length }
 }
 
+/// The start (a whole hour of the trace) of the `hours`-long window holding the most GPU demand,
+/// in GPU-seconds of the pods alive in it: the default replay window, because a trace's first day
+/// is often nearly empty (openb's holds a single pod) and says nothing about autoscaling.
+pub fn busiest_window_start(pods: &[TracePod], hours: f64) -> u64 {
+    let length = (hours.max(0.0) * 3600.0).round() as u64;
+    let spans: Vec<(u64, u64, f64)> = pods
+        .iter()
+        .filter_map(|p| {
+            let gpus = demand_milli(&p.workload) as f64 / f64::from(GPU_MILLI);
+            Some((p.creation_time?, p.deletion_time?, gpus))
+        })
+        .filter(|&(c, d, gpus)| d > c && gpus > 0.0)
+        .collect();
+    let Some(first) = spans.iter().map(|s| s.0).min() else { return 0 };
+    let last = spans.iter().map(|s| s.1).max().unwrap_or(first);
+    let first_hour = first / 3600 * 3600;
+    let mut best = (f64::NEG_INFINITY, first_hour);
+    let mut start = first_hour;
+    while start <= last {
+        let end = start + length;
+        let demand: f64 =
+            spans.iter().map(|&(c, d, gpus)| gpus * d.min(end).saturating_sub(c.max(start)) as f64).sum();
+        if demand > best.0 {
+            best = (demand, start);
+        }
+        start += 3600;
+    }
+    best.1
+}
+
 /// Replay knobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AutoscaleConfig {
@@ -124,6 +154,11 @@ pub struct AutoscaleConfig {
     pub interval: u64,
     /// How long a node must stay removable before it is removed, seconds.
     pub unneeded: u64,
+    /// gpuscale only: how long an empty node stays before removal, seconds; `None` = the cloud's
+    /// boot time. Keeping an idle node for as long as re-buying one takes (the boot time, paid
+    /// while waiting) is the ski-rental rule: it never costs more than twice the best choice made
+    /// knowing the future. Nodes with pods wait `unneeded`, since moving pods disrupts them.
+    pub unneeded_empty: Option<u64>,
     /// No scale-down for this long after a scale-up (CA baseline), seconds.
     pub scale_down_delay_after_add: u64,
     /// A group whose launch failed is not grown for this long, seconds.
@@ -143,6 +178,7 @@ impl Default for AutoscaleConfig {
         Self {
             interval: 10,
             unneeded: 600,
+            unneeded_empty: None,
             scale_down_delay_after_add: 600,
             backoff: 300,
             seed: 42,
@@ -823,12 +859,12 @@ impl<'a> Sim<'a> {
                 n.unneeded_since = None;
             }
         }
+        let empty_wait = self.cfg.unneeded_empty.unwrap_or(self.cfg.cloud.boot.as_secs());
         for sd in &plan.scale_downs {
-            let due = self
-                .nodes
-                .get(&sd.node)
-                .and_then(|n| n.unneeded_since)
-                .is_some_and(|t| now >= t + self.cfg.unneeded);
+            let wait =
+                if sd.moves.is_empty() { empty_wait.min(self.cfg.unneeded) } else { self.cfg.unneeded };
+            let due =
+                self.nodes.get(&sd.node).and_then(|n| n.unneeded_since).is_some_and(|t| now >= t + wait);
             if !due {
                 continue;
             }
