@@ -180,4 +180,56 @@ mod tests {
         h.set_synced(true);
         assert!(h.ready().is_ok());
     }
+
+    /// One HTTP/1.1 request over a fresh connection: (status, content type, body).
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connecting to the health server");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.expect("sending the request");
+        let mut raw = String::new();
+        conn.read_to_string(&mut raw).await.expect("reading the response");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status code");
+        let ctype = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|v| v.trim().to_string()))
+            .unwrap_or_default();
+        (status, ctype, body.to_string())
+    }
+
+    #[tokio::test]
+    async fn endpoints_answer_over_http() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local address");
+        let metrics = Arc::new(Metrics::new());
+        // A zero window: a leader is stale at once, so the probe fails without waiting.
+        let health = Arc::new(Health::new(Duration::ZERO));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, metrics.clone(), health.clone(), async {
+            let _ = stopped.await;
+        }));
+
+        metrics.scaled_up("aws/prod/h100", 2);
+        let (status, ctype, body) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert_eq!(ctype, OPENMETRICS_CONTENT_TYPE);
+        assert!(body.contains("gpuscale_scale_ups_total{group=\"aws/prod/h100\"} 1"), "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+
+        assert_eq!(get(addr, "/healthz").await.0, 200, "a standby replica is alive");
+        let (status, _, body) = get(addr, "/readyz").await;
+        assert_eq!((status, body.as_str()), (503, "reflector caches not synced yet\n"));
+        health.set_synced(true);
+        assert_eq!(get(addr, "/readyz").await.0, 200);
+
+        health.set_leader(true, Instant::now());
+        let (status, _, body) = get(addr, "/healthz").await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("no loop has completed"), "{body}");
+        assert_eq!(get(addr, "/nope").await.0, 404);
+
+        stop.send(()).expect("server still running");
+        server.await.expect("server task").expect("server ends cleanly on shutdown");
+    }
 }
