@@ -1,0 +1,1 @@
+//! Status events and ConfigMaps against the fake Kubernetes API server (to come).
