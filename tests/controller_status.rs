@@ -3,6 +3,8 @@
 //! it server-side applies, dry-run wording, failures counted and never fatal, and that every
 //! request it made is allowed by the RBAC rules of `controller::rbac`.
 
+// The fake server (another owner's file) trips a clippy lint at the merged fakeapi commit.
+#[allow(clippy::needless_range_loop)]
 #[path = "support/apiserver/mod.rs"]
 mod apiserver;
 
@@ -155,8 +157,13 @@ fn assert_all_allowed(server: &FakeApiServer) {
     for r in &requests {
         let (verb, group, resource, ns) = authorization_attributes(r);
         let allowed = rbac::allows(rbac::CONTROLLER_CLUSTER_RULES, &verb, &group, &resource)
-            || (ns.as_deref() == Some(NS) && rbac::allows(rbac::CONTROLLER_NAMESPACE_RULES, &verb, &group, &resource));
-        assert!(allowed, "{} {} ({verb} {group:?} {resource} in {ns:?}) is not allowed by rbac.rs", r.method, r.path);
+            || (ns.as_deref() == Some(NS)
+                && rbac::allows(rbac::CONTROLLER_NAMESPACE_RULES, &verb, &group, &resource));
+        assert!(
+            allowed,
+            "{} {} ({verb} {group:?} {resource} in {ns:?}) is not allowed by rbac.rs",
+            r.method, r.path
+        );
     }
 }
 
@@ -199,17 +206,17 @@ async fn acted_plan_records_events_and_applies_status_configmaps() {
     assert_eq!(ev["note"], "pod didn't trigger scale-up: no node group has 16 GPUs per node");
     let ev = one_event(&server, "default", "gpu-1", "ScaleDown");
     assert_eq!(ev["regarding"]["kind"], "Node");
-    assert!(ev["note"].as_str().unwrap().starts_with("marked the node unschedulable and started draining"), "{ev}");
+    assert!(
+        ev["note"].as_str().unwrap().starts_with("marked the node unschedulable and started draining"),
+        "{ev}"
+    );
     assert!(events(&server, "ml", "web", "TriggeredScaleUp").is_empty());
     // Acting mode: the plan's scale-down is done by the controller, not announced by the plan.
     assert_eq!(server.list("events.k8s.io", None).len(), 4, "{:#?}", server.list("events.k8s.io", None));
 
     let h100 = data(&server, "gpuscale-status-gpu-h100");
     assert_eq!(text(&h100, "group"), H100);
-    assert_eq!(
-        [text(&h100, "targetSize"), text(&h100, "minSize"), text(&h100, "maxSize")],
-        ["1", "0", "8"]
-    );
+    assert_eq!([text(&h100, "targetSize"), text(&h100, "minSize"), text(&h100, "maxSize")], ["1", "0", "8"]);
     assert_eq!(
         [
             text(&h100, "readyNodes"),
@@ -236,15 +243,19 @@ async fn acted_plan_records_events_and_applies_status_configmaps() {
     let all = data(&server, STATUS_CONFIGMAP);
     assert_eq!(text(&all, "dryRun"), "false");
     assert!(text(&all, "summary").contains("SCALE-UP"));
-    let doc: serde_yaml::Value = serde_yaml::from_str(text(&all, "status.yaml")).expect("status.yaml is YAML");
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(text(&all, "status.yaml")).expect("status.yaml is YAML");
     assert_eq!(doc["plan"]["scale_ups"][0]["group"].as_str(), Some(H100));
     assert_eq!(doc["plan"]["unschedulable"][0]["pod"].as_str(), Some("ml/huge"));
     assert_eq!(doc["nodeGroups"][1]["configMap"].as_str(), Some("gpuscale-status-l4-spot"));
     assert_eq!(doc["dryRun"].as_bool(), Some(false));
 
     // Server-side apply by field manager gpuscale.
-    let applies: Vec<RecordedRequest> =
-        server.requests().into_iter().filter(|r| r.method == "PATCH" && r.path.contains("/configmaps/")).collect();
+    let applies: Vec<RecordedRequest> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains("/configmaps/"))
+        .collect();
     assert_eq!(applies.len(), 3);
     for r in &applies {
         assert_eq!(r.content_type.as_deref(), Some("application/apply-patch+yaml"));
@@ -319,7 +330,10 @@ async fn scale_down_failures_backoff_and_api_errors() {
     assert_eq!(ev["type"], "Warning");
     assert!(ev["note"].as_str().unwrap().contains("PodDisruptionBudget ml/train allows 0"), "{ev}");
     assert_eq!(one_event(&server, "ml", "train-0", "ScaleDownFailed")["type"], "Warning");
-    assert_eq!(one_event(&server, "default", "gpu-1", "ScaleDown")["note"], format!("node removed from group {H100} by gpuscale"));
+    assert_eq!(
+        one_event(&server, "default", "gpu-1", "ScaleDown")["note"],
+        format!("node removed from group {H100} by gpuscale")
+    );
     // gpu-2 does not exist: the event is still recorded, without a uid.
     let ev = one_event(&server, "default", "gpu-2", "ScaleDownFailed");
     assert!(ev["regarding"].get("uid").is_none_or(Value::is_null), "{ev}");

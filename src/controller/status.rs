@@ -82,6 +82,14 @@ pub fn group_configmap_name<'a>(group_id: &str, all_ids: impl IntoIterator<Item 
     format!("{STATUS_CONFIGMAP}-{}", if part.is_empty() { "unnamed".into() } else { part })
 }
 
+/// The object an event is about.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    kind: &'a str,
+    namespace: Option<&'a str>,
+    name: &'a str,
+}
+
 /// What the publisher remembers about one group between loops.
 #[derive(Debug, Clone, Default)]
 struct GroupMemory {
@@ -232,9 +240,7 @@ impl StatusPublisher {
     /// Publishes one event unless the same (object, reason) was published in this loop.
     async fn event(
         &self,
-        kind: &str,
-        namespace: Option<&str>,
-        name: &str,
+        Target { kind, namespace, name }: Target<'_>,
         type_: EventType,
         reason: &str,
         action: &str,
@@ -269,11 +275,11 @@ impl StatusPublisher {
 
     async fn pod_event(&self, pod: &str, type_: EventType, reason: &str, action: &str, note: String) {
         let (ns, name) = split_pod(pod);
-        self.event("Pod", Some(ns), name, type_, reason, action, note).await;
+        self.event(Target { kind: "Pod", namespace: Some(ns), name }, type_, reason, action, note).await;
     }
 
     async fn node_event(&self, node: &str, type_: EventType, reason: &str, action: &str, note: String) {
-        self.event("Node", None, node, type_, reason, action, note).await;
+        self.event(Target { kind: "Node", namespace: None, name: node }, type_, reason, action, note).await;
     }
 
     fn group_cm(&self, group: &str) -> String {
@@ -424,8 +430,8 @@ impl StatusPublisher {
         let cm = self.group_cm(group);
         let note = format!("scale-up of group {group} failed: {error}");
         let ns = self.namespace.clone();
-        self.event("ConfigMap", Some(&ns), &cm, EventType::Warning, reason::SCALE_UP_FAILED, "ScaleUp", note)
-            .await;
+        let target = Target { kind: "ConfigMap", namespace: Some(&ns), name: &cm };
+        self.event(target, EventType::Warning, reason::SCALE_UP_FAILED, "ScaleUp", note).await;
     }
 
     /// Records that `group` is backed off until `until` (after failed scale-ups), or no longer
