@@ -117,52 +117,18 @@ fn text<'a>(d: &'a serde_json::Map<String, Value>, key: &str) -> &'a str {
     d.get(key).and_then(Value::as_str).unwrap_or_else(|| panic!("key {key} in {d:#?}"))
 }
 
-/// (verb, api group, resource[/subresource], namespace) of a request to the API.
-fn authorization_attributes(r: &RecordedRequest) -> (String, String, String, Option<String>) {
-    let segs: Vec<&str> = r.path.trim_matches('/').split('/').collect();
-    let (group, rest) = match segs.as_slice() {
-        ["api", _v, rest @ ..] => (String::new(), rest),
-        ["apis", g, _v, rest @ ..] => (g.to_string(), rest),
-        _ => panic!("unexpected path {}", r.path),
-    };
-    let (ns, rest) = match rest {
-        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
-        _ => (None, rest),
-    };
-    let (resource, named) = match rest {
-        [res] => (res.to_string(), false),
-        [res, _name] => (res.to_string(), true),
-        [res, _name, sub] => (format!("{res}/{sub}"), true),
-        _ => panic!("unexpected path {}", r.path),
-    };
-    let verb = match (r.method.as_str(), named) {
-        ("GET", _) if r.is_watch() => "watch",
-        ("GET", true) => "get",
-        ("GET", false) => "list",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", true) => "delete",
-        ("DELETE", false) => "deletecollection",
-        (m, _) => panic!("unexpected method {m}"),
-    };
-    (verb.into(), group, resource, ns)
-}
-
-/// Every request was allowed: cluster rules anywhere, namespace rules in the controller's
-/// namespace.
+/// Every request was allowed by the controller's roles (`controller::rbac`).
 fn assert_all_allowed(server: &FakeApiServer) {
     let requests = server.requests();
     assert!(!requests.is_empty());
     for r in &requests {
-        let (verb, group, resource, ns) = authorization_attributes(r);
-        let allowed = rbac::allows(rbac::CONTROLLER_CLUSTER_RULES, &verb, &group, &resource)
-            || (ns.as_deref() == Some(NS)
-                && rbac::allows(rbac::CONTROLLER_NAMESPACE_RULES, &verb, &group, &resource));
+        let attrs = rbac::request_attributes(&r.method, &r.path, r.is_watch())
+            .unwrap_or_else(|| panic!("{} {} is not a resource request", r.method, r.path));
         assert!(
-            allowed,
-            "{} {} ({verb} {group:?} {resource} in {ns:?}) is not allowed by rbac.rs",
-            r.method, r.path
+            rbac::controller_allows(&attrs, NS),
+            "{} {} ({attrs:?}) is not allowed by rbac.rs",
+            r.method,
+            r.path
         );
     }
 }

@@ -6,7 +6,7 @@
 //! [`Metrics::observe_plan`], so that groups, profiles and states that disappeared stop being
 //! reported.
 
-use crate::model::{dollars, ClusterSnapshot, GpuDemand, NodeState};
+use crate::model::{dollars, ClusterSnapshot, GpuDemand, NodeGroup, NodeState};
 use crate::planner::Plan;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -33,6 +33,7 @@ pub struct Metrics {
     pending_shared_replicas: Gauge,
     unschedulable_pods: Gauge,
     nodes: Family<Labels2, Gauge>,
+    group_size: Family<Labels2, Gauge>,
     planned_actions: Family<Labels1, Gauge>,
     plan_cost: Family<Labels1, FloatGauge>,
     loop_duration: Histogram,
@@ -87,6 +88,7 @@ impl Metrics {
             pending_shared_replicas: Gauge::default(),
             unschedulable_pods: Gauge::default(),
             nodes: Family::default(),
+            group_size: Family::default(),
             planned_actions: Family::default(),
             plan_cost: Family::default(),
             loop_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
@@ -133,6 +135,11 @@ impl Metrics {
             "nodes",
             "Nodes by node group (node-group label) and state (ready, initializing, upcoming, deleting)",
             m.nodes.clone(),
+        );
+        r.register(
+            "node_group_size",
+            "Node group sizes by group id and bound (target, min, max)",
+            m.group_size.clone(),
         );
         r.register(
             "planned_actions",
@@ -227,6 +234,19 @@ impl Metrics {
         let per_dollar = dollars(1.0) as f64;
         self.plan_cost.get_or_create(&[("when", "before".into())]).set(plan.cost_before as f64 / per_dollar);
         self.plan_cost.get_or_create(&[("when", "after".into())]).set(plan.cost_after as f64 / per_dollar);
+    }
+
+    /// Records the node groups' target, min and max sizes (after each provider refresh); groups
+    /// no longer configured stop being reported.
+    pub fn observe_groups(&self, groups: &[NodeGroup]) {
+        self.group_size.clear();
+        for g in groups {
+            for (bound, v) in [("target", g.target_size), ("min", g.min_size), ("max", g.max_size)] {
+                self.group_size
+                    .get_or_create(&[("group", g.id.clone()), ("bound", bound.into())])
+                    .set(v.into());
+            }
+        }
     }
 
     /// Counts a scale-up of `group` by `by` nodes that the cloud accepted.
@@ -370,7 +390,26 @@ mod tests {
         m.error("eviction");
         m.backoff("gcp/p/l4");
         m.set_leader(false);
+        let mut g = NodeGroup {
+            id: "aws/prod/h100".into(),
+            account: "prod".into(),
+            instance_type: "p5.48xlarge".into(),
+            zones: vec![],
+            capacity_type: Default::default(),
+            price: 0,
+            min_size: 1,
+            max_size: 8,
+            target_size: 3,
+            instances: vec![],
+            template: Node::default(),
+        };
+        m.observe_groups(std::slice::from_ref(&g));
+        g.id = "gcp/p/l4".into();
+        m.observe_groups(&[g]);
         let text = m.encode();
+        assert_eq!(sample(&text, "gpuscale_node_group_size{group=\"gcp/p/l4\",bound=\"target\"}"), Some(3.0));
+        assert_eq!(sample(&text, "gpuscale_node_group_size{group=\"gcp/p/l4\",bound=\"max\"}"), Some(8.0));
+        assert_eq!(sample(&text, "gpuscale_node_group_size{group=\"aws/prod/h100\",bound=\"min\"}"), None);
         assert!(text.contains("# TYPE gpuscale_scale_ups counter"), "{text}");
         assert_eq!(sample(&text, "gpuscale_scale_ups_total{group=\"aws/prod/h100\"}"), Some(2.0));
         assert_eq!(sample(&text, "gpuscale_scaled_up_nodes_total{group=\"aws/prod/h100\"}"), Some(5.0));

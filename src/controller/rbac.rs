@@ -67,6 +67,62 @@ pub fn allows(rules: &[Rule], verb: &str, api_group: &str, resource: &str) -> bo
     })
 }
 
+/// What RBAC authorises a Kubernetes API request by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestAttributes {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete` or `deletecollection`.
+    pub verb: &'static str,
+    /// API group (`""` for core).
+    pub api_group: String,
+    /// Resource, with `/subresource` when the request is for one.
+    pub resource: String,
+    /// Namespace of a namespaced request.
+    pub namespace: Option<String>,
+}
+
+/// The RBAC attributes of a request to a resource path (`/api/v1/namespaces/ns/pods/p/eviction`,
+/// `/apis/events.k8s.io/v1/namespaces/ns/events`), as the API server derives them; `watch` is the
+/// `watch=true` query parameter. `None` for non-resource paths (`/version`, discovery).
+pub fn request_attributes(method: &str, path: &str, watch: bool) -> Option<RequestAttributes> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (api_group, rest) = match segs.as_slice() {
+        ["api", _version, rest @ ..] => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] => (group.to_string(), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        // `/namespaces/ns` alone is the namespace object itself.
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        _ => (None, rest),
+    };
+    let (resource, named) = match rest {
+        [res] => (res.to_string(), false),
+        [res, _name] => (res.to_string(), true),
+        [res, _name, sub] => (format!("{res}/{sub}"), true),
+        _ => return None,
+    };
+    let verb = match (method.to_ascii_uppercase().as_str(), named) {
+        ("GET" | "HEAD", _) if watch => "watch",
+        ("GET" | "HEAD", true) => "get",
+        ("GET" | "HEAD", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some(RequestAttributes { verb, api_group, resource, namespace })
+}
+
+/// True when the controller's roles allow the request: the cluster rules anywhere, the namespace
+/// rules in `controller_namespace`.
+pub fn controller_allows(req: &RequestAttributes, controller_namespace: &str) -> bool {
+    allows(CONTROLLER_CLUSTER_RULES, req.verb, &req.api_group, &req.resource)
+        || (req.namespace.as_deref() == Some(controller_namespace)
+            && allows(CONTROLLER_NAMESPACE_RULES, req.verb, &req.api_group, &req.resource))
+}
+
 /// The rules as `(api group, resource, verb)` triples, sorted: the set a role grants, for
 /// comparing roles whatever the grouping of their rules.
 pub fn expand(rules: &[Rule]) -> Vec<(String, String, String)> {
@@ -109,6 +165,35 @@ mod tests {
         assert!(!allows(ns, "list", "", "configmaps"));
         assert!(allows(AGENT_CLUSTER_RULES, "patch", "", "nodes"));
         assert!(!allows(AGENT_CLUSTER_RULES, "list", "", "nodes"));
+    }
+
+    #[test]
+    fn requests_map_to_rbac_attributes() {
+        let a = request_attributes("POST", "/api/v1/namespaces/ml/pods/p-0/eviction", false).unwrap();
+        assert_eq!((a.verb, a.api_group.as_str(), a.resource.as_str()), ("create", "", "pods/eviction"));
+        assert_eq!(a.namespace.as_deref(), Some("ml"));
+        assert!(controller_allows(&a, "gpuscale-system"));
+        let w = request_attributes("GET", "/api/v1/pods", true).unwrap();
+        assert_eq!((w.verb, w.namespace.clone()), ("watch", None));
+        let l =
+            request_attributes("GET", "/apis/coordination.k8s.io/v1/namespaces/gs/leases", false).unwrap();
+        assert_eq!(
+            (l.verb, l.api_group.as_str(), l.resource.as_str()),
+            ("list", "coordination.k8s.io", "leases")
+        );
+        assert!(!controller_allows(&l, "gs"), "leases are got by name, never listed");
+        let u =
+            request_attributes("PUT", "/apis/coordination.k8s.io/v1/namespaces/gs/leases/gpuscale", false);
+        assert!(controller_allows(&u.clone().unwrap(), "gs"));
+        assert!(!controller_allows(&u.unwrap(), "other"), "the Role is only in the controller namespace");
+        let d = request_attributes("DELETE", "/api/v1/namespaces/ml/pods", false).unwrap();
+        assert_eq!(d.verb, "deletecollection");
+        assert!(!controller_allows(&d, "gs"));
+        let n = request_attributes("PATCH", "/api/v1/nodes/gpu-1", false).unwrap();
+        assert_eq!((n.verb, n.resource.as_str(), n.namespace.clone()), ("patch", "nodes", None));
+        assert!(controller_allows(&n, "gs"));
+        assert_eq!(request_attributes("GET", "/version", false), None);
+        assert_eq!(request_attributes("GET", "/apis/events.k8s.io/v1", false), None);
     }
 
     #[test]
