@@ -661,3 +661,34 @@ async fn fault_injection_and_request_log() {
     assert_eq!(log[0].content_type.as_deref(), Some("application/merge-patch+json"));
     assert!(log[0].body.contains("unschedulable"));
 }
+
+#[tokio::test]
+async fn binding_assigns_pods_and_deleting_a_node_collects_its_pods() {
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    server.create(pod("default", "b", json!({}), None));
+    server.create(pod("default", "elsewhere", json!({}), Some("n2")));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "b"},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}});
+    let ok: kube::core::Status =
+        pods.create_subresource("binding", "b", &PostParams::default(), &binding).await.unwrap();
+    assert_eq!(ok.code, 201);
+    let bound = pods.get("b").await.unwrap();
+    assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("n1"));
+    let scheduled = bound.status.unwrap().conditions.unwrap();
+    assert!(scheduled.iter().any(|c| c.type_ == "PodScheduled" && c.status == "True"));
+    let again = pods
+        .create_subresource::<_, kube::core::Status>("binding", "b", &PostParams::default(), &binding)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&again), (409, "Conflict".into()));
+    // POST on the all-namespaces path is not allowed.
+    let all: Api<Pod> = Api::all(server.client());
+    let p: Pod = serde_json::from_value(pod("default", "x", json!({}), None)).unwrap();
+    assert_eq!(api_code(&all.create(&PostParams::default(), &p).await.unwrap_err()).0, 405);
+
+    Api::<Node>::all(server.client()).delete("n1", &DeleteParams::default()).await.unwrap();
+    assert!(server.get("pod", "default", "b").is_none(), "pods of a deleted node are collected");
+    assert!(server.get("pod", "default", "elsewhere").is_some());
+}

@@ -53,7 +53,9 @@
 //!   resourceVersion is a precondition: 409 Conflict), delete (preconditions,
 //!   gracePeriodSeconds, finalizers; optional graceful pod deletion), deletecollection, patch
 //!   (merge, JSON, strategic merge, server-side apply), `/status` for nodes, pods, PDBs,
-//!   namespaces, services and podgroups.
+//!   namespaces, services and podgroups; pods/binding (what a scheduler calls).
+//! - Deleting a Node deletes its pods (pod garbage collection, `Settings::gc_pods_of_deleted_nodes`);
+//!   deleting a Namespace deletes its contents.
 //! - pods/eviction with the real checks and the 429 `TooManyRequests` refusal, and PDB status
 //!   maintained like the disruption controller does, synchronously on every pod/PDB change.
 //!
@@ -113,6 +115,9 @@ pub struct Settings {
     pub eviction_retry_after_seconds: u64,
     /// Namespaces that exist at start.
     pub namespaces: Vec<String>,
+    /// Deleting a Node deletes the pods bound to it (the pod garbage collector's job; the real
+    /// one waits ~40 s first).
+    pub gc_pods_of_deleted_nodes: bool,
 }
 
 impl Default for Settings {
@@ -127,6 +132,7 @@ impl Default for Settings {
             namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
                 .map(String::from)
                 .to_vec(),
+            gc_pods_of_deleted_nodes: true,
         }
     }
 }

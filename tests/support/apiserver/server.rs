@@ -152,6 +152,10 @@ fn resource_list(g: &str, v: &str) -> Value {
         }
         if rk.plural == "pods" && g.is_empty() {
             resources.push(json!({
+                "name": "pods/binding", "singularName": "", "namespaced": true,
+                "kind": "Binding", "verbs": ["create"],
+            }));
+            resources.push(json!({
                 "name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy",
                 "version": "v1", "kind": "Eviction", "verbs": ["create"],
             }));
@@ -202,6 +206,18 @@ async fn resource_route(
                     let ev: Value = serde_json::from_slice(body)
                         .map_err(|e| ApiError::bad_request(format!("decoding the Eviction: {e}")))?;
                     shared.with(|s, now| s.evict(ns, name, &ev, now))?;
+                    Ok(json_response(
+                        201,
+                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                    ))
+                }
+                Some("binding") if res == r::PODS => {
+                    if method != Method::POST {
+                        return Err(ApiError::method_not_allowed());
+                    }
+                    let b: Value = serde_json::from_slice(body)
+                        .map_err(|e| ApiError::bad_request(format!("decoding the Binding: {e}")))?;
+                    shared.with(|s, now| s.bind(ns, name, &b, now))?;
                     Ok(json_response(
                         201,
                         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -293,6 +309,9 @@ async fn collection(
             ))
         }
         Method::POST => {
+            if rk.namespaced && ns.is_none() {
+                return Err(ApiError::method_not_allowed());
+            }
             let obj = parse_json(body)?;
             let created = shared.with(|s, now| s.create(res, ns, obj, true, now))?;
             Ok(json_response(201, &created))

@@ -907,8 +907,8 @@ impl Store {
         let name = meta_str(&obj, "name").unwrap_or_default().to_string();
         let stored = self.commit(res, EventType::Deleted, Some(obj.clone()), obj);
         if res == r::NAMESPACES {
-            for other in 0..RESOURCES.len() {
-                if !RESOURCES[other].namespaced {
+            for (other, rk) in RESOURCES.iter().enumerate() {
+                if !rk.namespaced {
                     continue;
                 }
                 for o in self.all(other, Some(&name)) {
@@ -917,6 +917,18 @@ impl Store {
             }
         }
         self.after_change(res, ns, now);
+        if res == r::NODES && self.settings.gc_pods_of_deleted_nodes {
+            // The pod garbage collector removes the pods bound to a node that is gone.
+            let orphans: Vec<Value> = self
+                .all(r::PODS, None)
+                .into_iter()
+                .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(name.as_str()))
+                .collect();
+            for p in orphans {
+                let pns = meta_str(&p, "namespace").unwrap_or_default().to_string();
+                self.finish_delete(r::PODS, &pns, p, now)?;
+            }
+        }
         Ok((stored, true))
     }
 
@@ -1175,6 +1187,65 @@ impl Store {
             self.commit(r::PDBS, EventType::Modified, Some(pdb), new);
         }
         self.delete(r::PODS, ns, name, &opts, now)?;
+        Ok(())
+    }
+
+    /// The pods/binding subresource (core/v1 Binding), what a scheduler calls: sets
+    /// `spec.nodeName` and the PodScheduled condition; a pod already assigned or being deleted
+    /// is a 409 Conflict, like the real server.
+    pub fn bind(&mut self, ns: &str, name: &str, body: &Value, now: Timestamp) -> Result<(), ApiError> {
+        let rk = &RESOURCES[r::PODS];
+        if let Some(n) = body.pointer("/metadata/name").and_then(Value::as_str) {
+            if n != name {
+                return Err(ApiError::bad_request(format!(
+                    "name in URL does not match name in Binding object: {name} != {n}"
+                )));
+            }
+        }
+        let target_kind = body.pointer("/target/kind").and_then(Value::as_str).unwrap_or("Node");
+        let node = body.pointer("/target/name").and_then(Value::as_str).unwrap_or_default();
+        if !(target_kind.is_empty() || target_kind == "Node") || node.is_empty() {
+            return Err(ApiError::invalid(
+                &RESOURCES[r::PODS],
+                name,
+                &format!("target: Invalid value: must name a Node, got kind {target_kind:?} name {node:?}"),
+            ));
+        }
+        let pod = self.get_or_404(r::PODS, ns, name)?;
+        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                rk,
+                name,
+                &format!("pod {name} is being deleted, cannot be assigned to a host"),
+            ));
+        }
+        let current = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
+        if !current.is_empty() {
+            return Err(ApiError::conflict(
+                rk,
+                name,
+                &format!("pod {name} is already assigned to node {current:?}"),
+            ));
+        }
+        let mut new = pod.clone();
+        new["spec"]["nodeName"] = json!(node);
+        if let Some(a) = body.pointer("/metadata/annotations").and_then(Value::as_object) {
+            let m = meta_mut(&mut new);
+            if !m.get("annotations").is_some_and(Value::is_object) {
+                m.insert("annotations".into(), json!({}));
+            }
+            for (k, v) in a {
+                m["annotations"][k] = v.clone();
+            }
+        }
+        if !new["status"]["conditions"].is_array() {
+            new["status"]["conditions"] = json!([]);
+        }
+        let conds = new["status"]["conditions"].as_array_mut().expect("conditions");
+        conds.retain(|c| c["type"] != "PodScheduled");
+        conds.push(json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(now)}));
+        self.commit(r::PODS, EventType::Modified, Some(pod), new);
+        self.after_change(r::PODS, ns, now);
         Ok(())
     }
 
