@@ -692,3 +692,64 @@ async fn binding_assigns_pods_and_deleting_a_node_collects_its_pods() {
     assert!(server.get("pod", "default", "b").is_none(), "pods of a deleted node are collected");
     assert!(server.get("pod", "default", "elsewhere").is_some());
 }
+
+#[tokio::test]
+async fn streaming_list_watcher_converges() {
+    let server = FakeApiServer::start().await;
+    for i in 0..3 {
+        server.create(pod("default", &format!("s{i}"), json!({"app": "s"}), None));
+    }
+    let api: Api<Pod> = Api::all(server.client());
+    let (reader, writer) = reflector::store::<Pod>();
+    let cfg = watcher::Config::default().streaming_lists();
+    let task = tokio::spawn(reflector(writer, watcher(api, cfg)).default_backoff().for_each(|_| async {}));
+    tokio::time::timeout(WAIT, reader.wait_until_ready()).await.expect("streaming list ready").unwrap();
+    converge(&server, &reader, "streaming initial events").await;
+    server.create(pod("default", "s9", json!({}), None));
+    server.delete("pods", "default", "s0").unwrap();
+    converge(&server, &reader, "streaming live events").await;
+    assert!(server.requests().iter().any(|r| r.param("sendInitialEvents").as_deref() == Some("true")));
+    task.abort();
+}
+
+#[tokio::test]
+async fn podgroups_are_served_as_a_custom_resource() {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let server = FakeApiServer::start().await;
+    let gvk = GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "podgroups");
+    let api: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ar);
+    let mut pg = DynamicObject::new("train", &ar);
+    pg.data = json!({"spec": {"minMember": 4}, "status": {"phase": "Ignored"}});
+    let created = api.create(&PostParams::default(), &pg).await.unwrap();
+    assert!(created.data.get("status").is_none(), "status is dropped on create with a status subresource");
+    let st = json!({"status": {"phase": "Running", "running": 4}});
+    api.patch_status("train", &PatchParams::default(), &Patch::Merge(&st)).await.unwrap();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(
+        list.items[0].types.as_ref().map(|t| t.kind.as_str()),
+        Some("PodGroup"),
+        "CR list items keep kind"
+    );
+    assert_eq!(list.items[0].data["status"]["phase"], "Running");
+    let smp = api
+        .patch("train", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"minMember": 2}})))
+        .await;
+    assert_eq!(api_code(&smp.unwrap_err()).0, 415, "custom resources refuse strategic merge patch");
+    let raw = server.get("podgroup", "default", "train").unwrap();
+    assert_eq!(raw["spec"]["minMember"], 4);
+}
+
+#[tokio::test]
+async fn shutdown_ends_watches_and_refuses_connections() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    api.list(&ListParams::default()).await.unwrap();
+    let mut stream = api.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    server.shutdown().await;
+    tokio::time::timeout(WAIT, async { while stream.next().await.is_some() {} })
+        .await
+        .expect("the watch ends");
+    assert!(api.list(&ListParams::default()).await.is_err(), "a stopped server answers nothing");
+}

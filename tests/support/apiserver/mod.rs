@@ -256,10 +256,13 @@ impl Shared {
     }
 }
 
-/// The running fake API server. Dropping it stops the listener and ends open watches.
+/// The running fake API server. Dropping it (or [`FakeApiServer::shutdown`]) ends open watches,
+/// stops accepting connections and closes idle ones; requests still arriving on an open
+/// connection are answered 503.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 fn resource(kind: &str) -> usize {
@@ -285,12 +288,34 @@ impl FakeApiServer {
             runtime: tokio::runtime::Handle::current(),
         });
         let app = axum::Router::new().fallback(server::handle).with_state(shared.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
                 eprintln!("fake apiserver on {addr} stopped: {e}");
             }
         });
-        Self { shared, task }
+        Self { shared, task: Some(task), stop: Some(stop) }
+    }
+
+    /// Stops the server and waits (up to 10 s) until its listener is closed.
+    pub async fn shutdown(mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    fn signal_stop(&mut self) {
+        self.with(|s, _| {
+            s.closed = true;
+            s.notify.send_replace(s.rv);
+        });
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -521,10 +546,6 @@ fn set_conditions(obj: &mut Value, types: &[&str], on: bool) {
 
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
-        self.with(|s, _| {
-            s.closed = true;
-            s.notify.send_replace(s.rv);
-        });
-        self.task.abort();
+        self.signal_stop();
     }
 }

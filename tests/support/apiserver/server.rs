@@ -53,6 +53,9 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
     let content_type = header_str(header::CONTENT_TYPE.as_str());
     let replica = header_str(REPLICA_HEADER);
     let fault = shared.with(|s, _| {
+        if s.closed {
+            return Some(ApiError::new(503, "ServiceUnavailable", "the fake apiserver is shutting down"));
+        }
         let i = s.faults.iter().position(|f| f.matches(method.as_str(), &path))?;
         let f = &mut s.faults[i];
         f.times -= 1;
