@@ -753,3 +753,47 @@ async fn shutdown_ends_watches_and_refuses_connections() {
         .expect("the watch ends");
     assert!(api.list(&ListParams::default()).await.is_err(), "a stopped server answers nothing");
 }
+
+#[tokio::test]
+async fn events_written_through_either_api_are_one_store() {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    let client = server.client();
+    let reporter = Reporter { controller: "gpuscale".into(), instance: Some("replica-a".into()) };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let reference = ObjectReference {
+        kind: Some("Node".into()),
+        name: Some("n1".into()),
+        api_version: Some("v1".into()),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Cordoned".into(),
+        note: Some("draining for scale-down".into()),
+        action: "Drain".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    // The second identical event becomes a series (a merge patch of the same object).
+    recorder.publish(&ev, &reference).await.unwrap();
+
+    let new_api: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let new = new_api.list(&ListParams::default().fields("regarding.name=n1")).await.unwrap();
+    assert_eq!(new.items.len(), 1);
+    assert_eq!(new.items[0].note.as_deref(), Some("draining for scale-down"));
+    assert_eq!(new.items[0].series.as_ref().map(|s| s.count), Some(2));
+    let core_api: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let core =
+        core_api.list(&ListParams::default().fields("involvedObject.name=n1,reason=Cordoned")).await.unwrap();
+    assert_eq!(core.items.len(), 1);
+    assert_eq!(core.items[0].message.as_deref(), Some("draining for scale-down"));
+    assert_eq!(core.items[0].reporting_component.as_deref(), Some("gpuscale"));
+    assert_eq!(core.items[0].involved_object.kind.as_deref(), Some("Node"));
+    let stored = server.list("events.k8s.io", Some("default"));
+    assert_eq!(stored[0]["regarding"]["name"], "n1");
+    assert_eq!(server.list("Event", Some("default"))[0]["involvedObject"]["name"], "n1");
+}

@@ -54,6 +54,9 @@
 //!   gracePeriodSeconds, finalizers; optional graceful pod deletion), deletecollection, patch
 //!   (merge, JSON, strategic merge, server-side apply), `/status` for nodes, pods, PDBs,
 //!   namespaces, services and podgroups; pods/binding (what a scheduler calls).
+//! - core/v1 and events.k8s.io/v1 Events are one store seen through the real field conversion
+//!   (regarding/involvedObject, note/message, reportingController/reportingComponent,
+//!   deprecated* fields), so an event written through one API is visible through the other.
 //! - Deleting a Node deletes its pods (pod garbage collection, `Settings::gc_pods_of_deleted_nodes`);
 //!   deleting a Namespace deletes its contents.
 //! - pods/eviction with the real checks and the 429 `TooManyRequests` refusal, and PDB status
@@ -67,7 +70,6 @@
 //! - Server-side apply: create-or-merge with the same list semantics, and fields the same
 //!   manager applied before and now omits are removed; no managedFields, no conflict detection
 //!   between managers (`force` is accepted and has no effect).
-//! - core/v1 and events.k8s.io/v1 events are stored separately (the real server converts).
 //! - PDB percentages and maxUnavailable count the matching pods, not the owners' scale.
 //! - No admission, no validation beyond names, namespaces, kinds and resourceVersions.
 //! - `resourceVersionMatch=Exact` lists only serve the current resourceVersion.
@@ -401,7 +403,7 @@ impl FakeApiServer {
     /// `events.k8s.io` (plain `Event` is core/v1).
     pub fn get(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
         let res = resource(kind);
-        self.with(|s, _| s.get(res, ns, name).cloned())
+        self.with(|s, _| s.get(res, ns, name))
     }
 
     /// Stored objects of a kind, in one namespace or (`None`) all, ordered by namespace/name.
@@ -415,10 +417,8 @@ impl FakeApiServer {
     pub fn update(&self, kind: &str, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Value {
         let res = resource(kind);
         self.with(|s, now| {
-            let mut o = s
-                .get(res, ns, name)
-                .cloned()
-                .unwrap_or_else(|| panic!("fake apiserver: no {kind} {ns}/{name}"));
+            let mut o =
+                s.get(res, ns, name).unwrap_or_else(|| panic!("fake apiserver: no {kind} {ns}/{name}"));
             if let Some(m) = o["metadata"].as_object_mut() {
                 m.remove("resourceVersion");
             }

@@ -364,7 +364,7 @@ fn object(
 ) -> Result<Response, ApiError> {
     match *method {
         Method::GET => {
-            let obj = shared.with(|s, _| s.get(res, ns, name).cloned());
+            let obj = shared.with(|s, _| s.get(res, ns, name));
             obj.map(|o| json_response(200, &o)).ok_or_else(|| ApiError::not_found(&RESOURCES[res], name))
         }
         Method::PUT => {
