@@ -53,7 +53,12 @@
 //!   resourceVersion is a precondition: 409 Conflict), delete (preconditions,
 //!   gracePeriodSeconds, finalizers; optional graceful pod deletion), deletecollection, patch
 //!   (merge, JSON, strategic merge, server-side apply), `/status` for nodes, pods, PDBs,
-//!   namespaces, services and podgroups.
+//!   namespaces, services and podgroups; pods/binding (what a scheduler calls).
+//! - core/v1 and events.k8s.io/v1 Events are one store seen through the real field conversion
+//!   (regarding/involvedObject, note/message, reportingController/reportingComponent,
+//!   deprecated* fields), so an event written through one API is visible through the other.
+//! - Deleting a Node deletes its pods (pod garbage collection, `Settings::gc_pods_of_deleted_nodes`);
+//!   deleting a Namespace deletes its contents.
 //! - pods/eviction with the real checks and the 429 `TooManyRequests` refusal, and PDB status
 //!   maintained like the disruption controller does, synchronously on every pod/PDB change.
 //!
@@ -65,7 +70,6 @@
 //! - Server-side apply: create-or-merge with the same list semantics, and fields the same
 //!   manager applied before and now omits are removed; no managedFields, no conflict detection
 //!   between managers (`force` is accepted and has no effect).
-//! - core/v1 and events.k8s.io/v1 events are stored separately (the real server converts).
 //! - PDB percentages and maxUnavailable count the matching pods, not the owners' scale.
 //! - No admission, no validation beyond names, namespaces, kinds and resourceVersions.
 //! - `resourceVersionMatch=Exact` lists only serve the current resourceVersion.
@@ -113,6 +117,9 @@ pub struct Settings {
     pub eviction_retry_after_seconds: u64,
     /// Namespaces that exist at start.
     pub namespaces: Vec<String>,
+    /// Deleting a Node deletes the pods bound to it (the pod garbage collector's job; the real
+    /// one waits ~40 s first).
+    pub gc_pods_of_deleted_nodes: bool,
 }
 
 impl Default for Settings {
@@ -127,6 +134,7 @@ impl Default for Settings {
             namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
                 .map(String::from)
                 .to_vec(),
+            gc_pods_of_deleted_nodes: true,
         }
     }
 }
@@ -250,10 +258,13 @@ impl Shared {
     }
 }
 
-/// The running fake API server. Dropping it stops the listener and ends open watches.
+/// The running fake API server. Dropping it (or [`FakeApiServer::shutdown`]) ends open watches,
+/// stops accepting connections and closes idle ones; requests still arriving on an open
+/// connection are answered 503.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 fn resource(kind: &str) -> usize {
@@ -279,12 +290,34 @@ impl FakeApiServer {
             runtime: tokio::runtime::Handle::current(),
         });
         let app = axum::Router::new().fallback(server::handle).with_state(shared.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
                 eprintln!("fake apiserver on {addr} stopped: {e}");
             }
         });
-        Self { shared, task }
+        Self { shared, task: Some(task), stop: Some(stop) }
+    }
+
+    /// Stops the server and waits (up to 10 s) until its listener is closed.
+    pub async fn shutdown(mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    fn signal_stop(&mut self) {
+        self.with(|s, _| {
+            s.closed = true;
+            s.notify.send_replace(s.rv);
+        });
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -370,7 +403,7 @@ impl FakeApiServer {
     /// `events.k8s.io` (plain `Event` is core/v1).
     pub fn get(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
         let res = resource(kind);
-        self.with(|s, _| s.get(res, ns, name).cloned())
+        self.with(|s, _| s.get(res, ns, name))
     }
 
     /// Stored objects of a kind, in one namespace or (`None`) all, ordered by namespace/name.
@@ -384,10 +417,8 @@ impl FakeApiServer {
     pub fn update(&self, kind: &str, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Value {
         let res = resource(kind);
         self.with(|s, now| {
-            let mut o = s
-                .get(res, ns, name)
-                .cloned()
-                .unwrap_or_else(|| panic!("fake apiserver: no {kind} {ns}/{name}"));
+            let mut o =
+                s.get(res, ns, name).unwrap_or_else(|| panic!("fake apiserver: no {kind} {ns}/{name}"));
             if let Some(m) = o["metadata"].as_object_mut() {
                 m.remove("resourceVersion");
             }
@@ -515,10 +546,6 @@ fn set_conditions(obj: &mut Value, types: &[&str], on: bool) {
 
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
-        self.with(|s, _| {
-            s.closed = true;
-            s.notify.send_replace(s.rv);
-        });
-        self.task.abort();
+        self.signal_stop();
     }
 }

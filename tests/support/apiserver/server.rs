@@ -53,6 +53,9 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
     let content_type = header_str(header::CONTENT_TYPE.as_str());
     let replica = header_str(REPLICA_HEADER);
     let fault = shared.with(|s, _| {
+        if s.closed {
+            return Some(ApiError::new(503, "ServiceUnavailable", "the fake apiserver is shutting down"));
+        }
         let i = s.faults.iter().position(|f| f.matches(method.as_str(), &path))?;
         let f = &mut s.faults[i];
         f.times -= 1;
@@ -152,6 +155,10 @@ fn resource_list(g: &str, v: &str) -> Value {
         }
         if rk.plural == "pods" && g.is_empty() {
             resources.push(json!({
+                "name": "pods/binding", "singularName": "", "namespaced": true,
+                "kind": "Binding", "verbs": ["create"],
+            }));
+            resources.push(json!({
                 "name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy",
                 "version": "v1", "kind": "Eviction", "verbs": ["create"],
             }));
@@ -202,6 +209,18 @@ async fn resource_route(
                     let ev: Value = serde_json::from_slice(body)
                         .map_err(|e| ApiError::bad_request(format!("decoding the Eviction: {e}")))?;
                     shared.with(|s, now| s.evict(ns, name, &ev, now))?;
+                    Ok(json_response(
+                        201,
+                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                    ))
+                }
+                Some("binding") if res == r::PODS => {
+                    if method != Method::POST {
+                        return Err(ApiError::method_not_allowed());
+                    }
+                    let b: Value = serde_json::from_slice(body)
+                        .map_err(|e| ApiError::bad_request(format!("decoding the Binding: {e}")))?;
+                    shared.with(|s, now| s.bind(ns, name, &b, now))?;
                     Ok(json_response(
                         201,
                         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -293,6 +312,9 @@ async fn collection(
             ))
         }
         Method::POST => {
+            if rk.namespaced && ns.is_none() {
+                return Err(ApiError::method_not_allowed());
+            }
             let obj = parse_json(body)?;
             let created = shared.with(|s, now| s.create(res, ns, obj, true, now))?;
             Ok(json_response(201, &created))
@@ -342,7 +364,7 @@ fn object(
 ) -> Result<Response, ApiError> {
     match *method {
         Method::GET => {
-            let obj = shared.with(|s, _| s.get(res, ns, name).cloned());
+            let obj = shared.with(|s, _| s.get(res, ns, name));
             obj.map(|o| json_response(200, &o)).ok_or_else(|| ApiError::not_found(&RESOURCES[res], name))
         }
         Method::PUT => {
