@@ -3,8 +3,6 @@
 //! it server-side applies, dry-run wording, failures counted and never fatal, and that every
 //! request it made is allowed by the RBAC rules of `controller::rbac`.
 
-// The fake server (another owner's file) trips a clippy lint at the merged fakeapi commit.
-#[allow(clippy::needless_range_loop)]
 #[path = "support/apiserver/mod.rs"]
 mod apiserver;
 
