@@ -270,19 +270,14 @@ fn check(r: &Rendered, e: &Expect) {
     assert_eq!(pod.service_account_name.as_deref(), Some(e.controller_sa));
     assert_eq!(pod.priority_class_name.as_deref(), e.priority_class);
     let c = container(pod, "controller");
-    let mut want_args: Vec<String> = [
-        "run",
-        "--providers",
-        "/etc/gpuscale/providers/*.yaml",
-        "--config",
-        "/etc/gpuscale/gpuscale.yaml",
-        "--log-format",
-        "json",
-        "--listen",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // One `--providers` per mounted file (container args are not glob-expanded).
+    let mut want_args: Vec<String> = vec!["run".into()];
+    for f in e.provider_files {
+        want_args.extend(["--providers".into(), format!("/etc/gpuscale/providers/{f}")]);
+    }
+    want_args.extend(
+        ["--config", "/etc/gpuscale/gpuscale.yaml", "--log-format", "json", "--listen"].map(String::from),
+    );
     want_args.push(format!("0.0.0.0:{}", e.port));
     if e.dry_run {
         want_args.push("--dry-run".into());
@@ -450,6 +445,11 @@ fn check(r: &Rendered, e: &Expect) {
         assert_eq!(args[..3], ["agent", "--listen", "0.0.0.0:9400"]);
         assert_eq!(env_field_ref(c, "NODE_NAME"), "spec.nodeName");
         assert_eq!(named_port(c, "metrics"), 9400);
+        let live = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("agent liveness probe");
+        assert_eq!(
+            (live.path.as_deref(), &live.port),
+            (Some("/healthz"), &IntOrString::String("metrics".into()))
+        );
         let role = cr(&agent_name).expect("agent ClusterRole");
         assert_rules("agent ClusterRole", role.rules.as_ref(), rbac::AGENT_CLUSTER_RULES);
         let b =

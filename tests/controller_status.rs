@@ -325,3 +325,25 @@ async fn scale_down_failures_backoff_and_api_errors() {
     assert!(text.contains("gpuscale_errors_total{kind=\"status\"} 3"), "{text}");
     assert_all_allowed(&server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handle_publishes_in_order_without_blocking_the_caller() {
+    let server = cluster().await;
+    let (status, task) = StatusPublisher::new(server.client(), NS, "gpuscale-1").spawn();
+    let groups = vec![group(H100, 1)];
+    status.begin_loop();
+    status.scale_up(H100, 1, 2, &["ml/train-0".to_string()]);
+    status.node_deleted("gpu-1", H100);
+    status.publish_plan(&Plan::default(), &groups, None, false);
+    status.flush().await;
+    one_event(&server, "ml", "train-0", "TriggeredScaleUp");
+    one_event(&server, "default", "gpu-1", "ScaleDown");
+    let d = data(&server, "gpuscale-status-gpu-h100");
+    assert_eq!(text(&d, "lastScaleUpReason"), "1->2 for 1 pending pod(s)", "published after the scale-up");
+    assert_eq!(text(&d, "lastScaleDownReason"), "removed node gpu-1");
+    drop(status);
+    tokio::time::timeout(std::time::Duration::from_secs(30), task)
+        .await
+        .expect("the status task ends when its handles are dropped")
+        .expect("status task");
+}

@@ -480,6 +480,152 @@ impl StatusPublisher {
     }
 }
 
+/// One request to the status task of a [`StatusHandle`].
+enum Msg {
+    BeginLoop,
+    Plan { plan: Box<Plan>, groups: Vec<NodeGroup>, snapshot: Option<Box<ClusterSnapshot>>, dry_run: bool },
+    ScaleUp { group: String, from: u32, to: u32, pods: Vec<String> },
+    ScaleUpFailed { group: String, error: String },
+    Backoff { group: String, backoff: Option<(Timestamp, String)> },
+    DrainStarted { node: String, why: String },
+    PodEvicted { pod: String, node: String },
+    EvictionBlocked { pod: String, node: String, why: String },
+    ScaleDownFailed { node: String, group: String, error: String },
+    NodeDeleted { node: String, group: String },
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Messages a [`StatusHandle`] queues before it drops new ones (an API server that is down must
+/// not make the controller's memory grow).
+pub const STATUS_QUEUE: usize = 1024;
+
+/// A non-blocking front of a [`StatusPublisher`] for the reconcile loop: every method queues the
+/// call for a task that publishes in order, so the loop never waits for the API server. A full
+/// queue drops the call (logged, counted as `errors_total{kind="status_dropped"}`).
+#[derive(Clone)]
+pub struct StatusHandle {
+    tx: tokio::sync::mpsc::Sender<Msg>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl StatusPublisher {
+    /// Moves the publisher into a task on the current tokio runtime; the task ends when every
+    /// handle is dropped.
+    pub fn spawn(self) -> (StatusHandle, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(STATUS_QUEUE);
+        let handle = StatusHandle { tx, metrics: self.metrics.clone() };
+        let task = tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    Msg::BeginLoop => self.begin_loop(),
+                    Msg::Plan { plan, groups, snapshot, dry_run } => {
+                        self.publish(&plan, &groups, snapshot.as_deref(), dry_run).await
+                    }
+                    Msg::ScaleUp { group, from, to, pods } => self.scale_up(&group, from, to, &pods).await,
+                    Msg::ScaleUpFailed { group, error } => self.scale_up_failed(&group, &error).await,
+                    Msg::Backoff { group, backoff } => self.set_backoff(&group, backoff),
+                    Msg::DrainStarted { node, why } => self.drain_started(&node, &why).await,
+                    Msg::PodEvicted { pod, node } => self.pod_evicted(&pod, &node).await,
+                    Msg::EvictionBlocked { pod, node, why } => self.eviction_blocked(&pod, &node, &why).await,
+                    Msg::ScaleDownFailed { node, group, error } => {
+                        self.scale_down_failed(&node, &group, &error).await
+                    }
+                    Msg::NodeDeleted { node, group } => self.node_deleted(&node, &group).await,
+                    Msg::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        (handle, task)
+    }
+}
+
+impl StatusHandle {
+    fn send(&self, msg: Msg) {
+        if let Err(e) = self.tx.try_send(msg) {
+            let why = match e {
+                tokio::sync::mpsc::error::TrySendError::Full(_) => "queue full",
+                tokio::sync::mpsc::error::TrySendError::Closed(_) => "status task ended",
+            };
+            tracing::warn!("status: dropped an update ({why})");
+            if let Some(m) = &self.metrics {
+                m.error("status_dropped");
+            }
+        }
+    }
+
+    /// See [`StatusPublisher::begin_loop`].
+    pub fn begin_loop(&self) {
+        self.send(Msg::BeginLoop);
+    }
+
+    /// See [`StatusPublisher::publish_plan_with_nodes`]; without a snapshot, node counts are left
+    /// out.
+    pub fn publish_plan(
+        &self,
+        plan: &Plan,
+        groups: &[NodeGroup],
+        snapshot: Option<&ClusterSnapshot>,
+        dry_run: bool,
+    ) {
+        self.send(Msg::Plan {
+            plan: Box::new(plan.clone()),
+            groups: groups.to_vec(),
+            snapshot: snapshot.map(|s| Box::new(s.clone())),
+            dry_run,
+        });
+    }
+
+    /// See [`StatusPublisher::scale_up`].
+    pub fn scale_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
+        self.send(Msg::ScaleUp { group: group.into(), from, to, pods: pods.to_vec() });
+    }
+
+    /// See [`StatusPublisher::scale_up_failed`].
+    pub fn scale_up_failed(&self, group: &str, error: &str) {
+        self.send(Msg::ScaleUpFailed { group: group.into(), error: error.into() });
+    }
+
+    /// See [`StatusPublisher::set_backoff`].
+    pub fn set_backoff(&self, group: &str, backoff: Option<(Timestamp, String)>) {
+        self.send(Msg::Backoff { group: group.into(), backoff });
+    }
+
+    /// See [`StatusPublisher::drain_started`].
+    pub fn drain_started(&self, node: &str, why: &str) {
+        self.send(Msg::DrainStarted { node: node.into(), why: why.into() });
+    }
+
+    /// See [`StatusPublisher::pod_evicted`].
+    pub fn pod_evicted(&self, pod: &str, node: &str) {
+        self.send(Msg::PodEvicted { pod: pod.into(), node: node.into() });
+    }
+
+    /// See [`StatusPublisher::eviction_blocked`].
+    pub fn eviction_blocked(&self, pod: &str, node: &str, why: &str) {
+        self.send(Msg::EvictionBlocked { pod: pod.into(), node: node.into(), why: why.into() });
+    }
+
+    /// See [`StatusPublisher::scale_down_failed`].
+    pub fn scale_down_failed(&self, node: &str, group: &str, error: &str) {
+        self.send(Msg::ScaleDownFailed { node: node.into(), group: group.into(), error: error.into() });
+    }
+
+    /// See [`StatusPublisher::node_deleted`].
+    pub fn node_deleted(&self, node: &str, group: &str) {
+        self.send(Msg::NodeDeleted { node: node.into(), group: group.into() });
+    }
+
+    /// Waits until everything queued before this call is published (tests, shutdown).
+    pub async fn flush(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.tx.send(Msg::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
 /// Node counts of group `g` by state.
 fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup], g: &NodeGroup) -> [usize; 4] {
     let mut counts = [0; 4];
