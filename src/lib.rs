@@ -8,6 +8,8 @@
 #![warn(missing_docs)]
 
 pub mod config;
+#[cfg(feature = "controller")]
+pub mod controller;
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod model;

@@ -1,0 +1,745 @@
+//! What the controller tells people through the Kubernetes API: Events on the pods and nodes it
+//! acts for, and status ConfigMaps (like Cluster Autoscaler's `cluster-autoscaler-status`).
+//!
+//! Events use `events.k8s.io/v1` through kube-rs' [`Recorder`], reported by controller
+//! `gpuscale` with the pod name as instance: `TriggeredScaleUp` and `NotTriggerScaleUp` on pending
+//! pods, `ScaleDown` on drained nodes and evicted pods, `ScaleUpFailed`/`ScaleDownFailed` warnings.
+//! The same (object, reason) is published once per loop ([`StatusPublisher::begin_loop`]); across
+//! loops the recorder turns repeats into an event series.
+//!
+//! ConfigMaps, server-side applied with field manager `gpuscale` in the controller's namespace:
+//! `gpuscale-status-<group>` per node group (sizes, node counts, last scale-up/-down, backoff,
+//! the group's part of the last plan) and `gpuscale-status` with the whole last plan as YAML.
+//! In dry-run mode the same maps carry `dryRun: "true"` and the events say what *would* happen.
+//!
+//! Publishing is best effort: failures are logged and counted (`gpuscale_errors_total{kind=
+//! "status"}`), never returned, so that a status problem never stops scaling.
+
+use super::metrics::Metrics;
+use crate::model::{dollars, ClusterSnapshot, NodeGroup, NodeState};
+use crate::planner::cluster::group_of;
+use crate::planner::Plan;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Client;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Field manager of the server-side applied ConfigMaps, and reporting controller of events.
+pub const FIELD_MANAGER: &str = "gpuscale";
+/// Name of the cluster-wide status ConfigMap.
+pub const STATUS_CONFIGMAP: &str = "gpuscale-status";
+
+/// Event reasons, as `kubectl get events` shows them.
+pub mod reason {
+    /// A scale-up was (or would be) made for a pending pod.
+    pub const TRIGGERED_SCALE_UP: &str = "TriggeredScaleUp";
+    /// No node group can serve a pending pod.
+    pub const NOT_TRIGGER_SCALE_UP: &str = "NotTriggerScaleUp";
+    /// A node is drained/removed, or a pod evicted for it.
+    pub const SCALE_DOWN: &str = "ScaleDown";
+    /// A scale-down could not proceed.
+    pub const SCALE_DOWN_FAILED: &str = "ScaleDownFailed";
+    /// The cloud refused a scale-up.
+    pub const SCALE_UP_FAILED: &str = "ScaleUpFailed";
+}
+
+/// Sanitises `s` into a DNS-1123 subdomain fragment: lower case, `[a-z0-9-]`, runs of other
+/// characters collapsed into one `-`, no leading/trailing `-`, at most `max` characters.
+pub fn dns1123(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars().flat_map(char::to_lowercase) {
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            out.push(c);
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    out.truncate(max);
+    while out.ends_with('-') {
+        out.pop();
+    }
+    out
+}
+
+/// Short name of a group id (`gpu-h100` of `aws/prod/gpu-h100`).
+fn short_name(group_id: &str) -> &str {
+    group_id.rsplit('/').next().unwrap_or(group_id)
+}
+
+/// Name of the status ConfigMap of `group_id`: `gpuscale-status-<short name>`, or with the whole
+/// id when another of `all_ids` has the same short name (two accounts with a `gpu` group).
+pub fn group_configmap_name<'a>(group_id: &str, all_ids: impl IntoIterator<Item = &'a str>) -> String {
+    let short = dns1123(short_name(group_id), 200);
+    let clash =
+        all_ids.into_iter().any(|other| other != group_id && dns1123(short_name(other), 200) == short);
+    let part = if clash { dns1123(group_id, 200) } else { short };
+    format!("{STATUS_CONFIGMAP}-{}", if part.is_empty() { "unnamed".into() } else { part })
+}
+
+/// The object an event is about.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    kind: &'a str,
+    namespace: Option<&'a str>,
+    name: &'a str,
+}
+
+/// What the publisher remembers about one group between loops.
+#[derive(Debug, Clone, Default)]
+struct GroupMemory {
+    last_scale_up: Option<(Timestamp, String)>,
+    last_scale_up_failure: Option<(Timestamp, String)>,
+    last_scale_down: Option<(Timestamp, String)>,
+    backoff: Option<(Timestamp, String)>,
+}
+
+#[derive(Default)]
+struct Memory {
+    groups: BTreeMap<String, GroupMemory>,
+    group_ids: Vec<String>,
+    published: HashSet<(String, String, String, String)>,
+    uids: HashMap<(String, String, String), Option<String>>,
+}
+
+/// Publishes events and status ConfigMaps for the controller. Cheap to share behind an `Arc`.
+pub struct StatusPublisher {
+    client: Client,
+    namespace: String,
+    recorder: Recorder,
+    metrics: Option<Arc<Metrics>>,
+    dry_run: AtomicBool,
+    memory: Mutex<Memory>,
+}
+
+/// The cluster-wide status document (`gpuscale-status` ConfigMap, key `status.yaml`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusDoc<'a> {
+    time: String,
+    dry_run: bool,
+    node_groups: Vec<GroupDoc>,
+    plan: &'a Plan,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GroupDoc {
+    id: String,
+    config_map: String,
+    min_size: u32,
+    max_size: u32,
+    target_size: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backoff_until: Option<String>,
+}
+
+fn usd(micro: u64) -> String {
+    format!("${:.2}/h", micro as f64 / dollars(1.0) as f64)
+}
+
+/// `namespace/name` → (namespace, name); a bare name is in `default`.
+fn split_pod(pod: &str) -> (&str, &str) {
+    pod.split_once('/').unwrap_or(("default", pod))
+}
+
+impl StatusPublisher {
+    /// A publisher writing ConfigMaps to `namespace` (the controller's) and events as
+    /// `gpuscale`/`instance` (the pod name, `POD_NAME`).
+    pub fn new(client: Client, namespace: impl Into<String>, instance: impl Into<String>) -> Self {
+        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.into()) };
+        StatusPublisher {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            namespace: namespace.into(),
+            metrics: None,
+            dry_run: AtomicBool::new(false),
+            memory: Mutex::new(Memory::default()),
+        }
+    }
+
+    /// Counts publishing failures in `metrics` (`errors_total{kind="status"}`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The namespace the status ConfigMaps go to.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        // A panic while holding the lock leaves plain data behind; keep using it.
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed(&self, what: &str, err: &dyn std::fmt::Display) {
+        tracing::warn!(error = %err, "status: {what} failed");
+        if let Some(m) = &self.metrics {
+            m.error("status");
+        }
+    }
+
+    /// Starts a new loop: events published from now on are new again for deduplication, and
+    /// object uids are looked up afresh.
+    pub fn begin_loop(&self) {
+        let mut mem = self.memory();
+        mem.published.clear();
+        mem.uids.clear();
+    }
+
+    fn is_dry_run(&self) -> bool {
+        self.dry_run.load(Ordering::Acquire)
+    }
+
+    async fn uid_of(&self, kind: &str, namespace: Option<&str>, name: &str) -> Option<String> {
+        let key = (kind.to_string(), namespace.unwrap_or_default().to_string(), name.to_string());
+        if let Some(uid) = self.memory().uids.get(&key) {
+            return uid.clone();
+        }
+        let uid = match (kind, namespace) {
+            ("Pod", Some(ns)) => Api::<Pod>::namespaced(self.client.clone(), ns).get_opt(name).await,
+            ("Node", _) => Api::<Node>::all(self.client.clone())
+                .get_opt(name)
+                .await
+                .map(|n| n.map(|n| Pod { metadata: n.metadata, ..Default::default() })),
+            ("ConfigMap", Some(ns)) => Api::<ConfigMap>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await
+                .map(|c| c.map(|c| Pod { metadata: c.metadata, ..Default::default() })),
+            _ => Ok(None),
+        };
+        let uid = match uid {
+            Ok(obj) => obj.and_then(|o| o.metadata.uid),
+            Err(e) => {
+                tracing::debug!(error = %e, "status: looking up the uid of {kind} {name}");
+                None
+            }
+        };
+        self.memory().uids.insert(key, uid.clone());
+        uid
+    }
+
+    async fn reference(&self, kind: &str, namespace: Option<&str>, name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some(kind.into()),
+            namespace: namespace.map(str::to_string),
+            name: Some(name.into()),
+            uid: self.uid_of(kind, namespace, name).await,
+            ..Default::default()
+        }
+    }
+
+    /// Publishes one event unless the same (object, reason) was published in this loop.
+    async fn event(
+        &self,
+        Target { kind, namespace, name }: Target<'_>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let key = (
+            kind.to_string(),
+            namespace.unwrap_or_default().to_string(),
+            name.to_string(),
+            reason.to_string(),
+        );
+        if !self.memory().published.insert(key) {
+            return;
+        }
+        let reference = self.reference(kind, namespace, name).await;
+        // The API limits notes to 1 kB.
+        let mut note = note;
+        if note.len() > 1024 {
+            let mut cut = 1021;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let ev =
+            Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            self.failed(&format!("event {reason} on {kind} {name}"), &e);
+        }
+    }
+
+    async fn pod_event(&self, pod: &str, type_: EventType, reason: &str, action: &str, note: String) {
+        let (ns, name) = split_pod(pod);
+        self.event(Target { kind: "Pod", namespace: Some(ns), name }, type_, reason, action, note).await;
+    }
+
+    async fn node_event(&self, node: &str, type_: EventType, reason: &str, action: &str, note: String) {
+        self.event(Target { kind: "Node", namespace: None, name: node }, type_, reason, action, note).await;
+    }
+
+    fn group_cm(&self, group: &str) -> String {
+        let mem = self.memory();
+        group_configmap_name(group, mem.group_ids.iter().map(String::as_str))
+    }
+
+    /// Publishes a loop's plan: `NotTriggerScaleUp` on unschedulable pods, in dry-run mode the
+    /// events of the actions that would be taken, and the status ConfigMaps. Node counts are
+    /// left out; [`StatusPublisher::publish_plan_with_nodes`] adds them.
+    pub async fn publish_plan(&self, plan: &Plan, groups: &[NodeGroup], dry_run: bool) {
+        self.publish(plan, groups, None, dry_run).await;
+    }
+
+    /// [`StatusPublisher::publish_plan`] with each group's node counts by state from `snapshot`.
+    pub async fn publish_plan_with_nodes(
+        &self,
+        plan: &Plan,
+        groups: &[NodeGroup],
+        snapshot: &ClusterSnapshot,
+        dry_run: bool,
+    ) {
+        self.publish(plan, groups, Some(snapshot), dry_run).await;
+    }
+
+    async fn publish(
+        &self,
+        plan: &Plan,
+        groups: &[NodeGroup],
+        snapshot: Option<&ClusterSnapshot>,
+        dry_run: bool,
+    ) {
+        self.dry_run.store(dry_run, Ordering::Release);
+        self.memory().group_ids = groups.iter().map(|g| g.id.clone()).collect();
+
+        for u in &plan.unschedulable {
+            let note = format!("pod didn't trigger scale-up: {}", u.reason);
+            self.pod_event(&u.pod, EventType::Normal, reason::NOT_TRIGGER_SCALE_UP, "ScaleUp", note).await;
+        }
+        if dry_run {
+            for a in &plan.scale_ups {
+                self.announce_scale_up(&a.group, a.from, a.to, &a.pods).await;
+            }
+            for a in &plan.scale_downs {
+                let note = format!("would remove node from group {} (dry run): {}", a.group, a.reason);
+                self.node_event(&a.node, EventType::Normal, reason::SCALE_DOWN, "ScaleDown", note).await;
+            }
+            for a in &plan.replacements {
+                let note = format!(
+                    "would replace node of group {} by one node of {} (dry run), saving {}",
+                    a.group,
+                    a.replacement_group,
+                    usd(a.saving_per_hour)
+                );
+                self.node_event(&a.node, EventType::Normal, reason::SCALE_DOWN, "Replace", note).await;
+            }
+        }
+
+        let now = Timestamp::now();
+        let ids: Vec<&str> = groups.iter().map(|g| g.id.as_str()).collect();
+        let memory: BTreeMap<String, GroupMemory> = self.memory().groups.clone();
+        let mut docs = Vec::with_capacity(groups.len());
+        for g in groups {
+            let name = group_configmap_name(&g.id, ids.iter().copied());
+            let mem = memory.get(&g.id).cloned().unwrap_or_default();
+            let counts = snapshot.map(|s| node_counts(s, groups, g));
+            let data = group_data(plan, g, &mem, counts, dry_run, now);
+            docs.push(GroupDoc {
+                id: g.id.clone(),
+                config_map: name.clone(),
+                min_size: g.min_size,
+                max_size: g.max_size,
+                target_size: g.target_size,
+                backoff_until: mem
+                    .backoff
+                    .as_ref()
+                    .filter(|(until, _)| *until > now)
+                    .map(|(u, _)| u.to_string()),
+            });
+            self.apply_configmap(&name, data).await;
+        }
+
+        let doc = StatusDoc { time: now.to_string(), dry_run, node_groups: docs, plan };
+        let mut data = BTreeMap::new();
+        match serde_yaml::to_string(&doc) {
+            Ok(yaml) => {
+                data.insert("status.yaml".to_string(), yaml);
+            }
+            Err(e) => self.failed("serialising the plan", &e),
+        }
+        data.insert("summary".into(), plan.to_table());
+        data.insert("dryRun".into(), dry_run.to_string());
+        data.insert("lastUpdated".into(), now.to_string());
+        self.apply_configmap(STATUS_CONFIGMAP, data).await;
+    }
+
+    async fn apply_configmap(&self, name: &str, data: BTreeMap<String, String>) {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([
+                    ("app.kubernetes.io/name".to_string(), "gpuscale".to_string()),
+                    ("app.kubernetes.io/component".to_string(), "status".to_string()),
+                ])),
+                ..Default::default()
+            },
+            data: Some(data),
+            ..Default::default()
+        };
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if let Err(e) = api.patch(name, &params, &Patch::Apply(&cm)).await {
+            self.failed(&format!("applying ConfigMap {}/{name}", self.namespace), &e);
+        }
+    }
+
+    async fn announce_scale_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
+        let note = if self.is_dry_run() {
+            format!(
+                "pod would trigger scale-up (dry run): group {group} {from}->{to} (+{})",
+                to.saturating_sub(from)
+            )
+        } else {
+            format!("pod triggered scale-up: group {group} {from}->{to} (+{})", to.saturating_sub(from))
+        };
+        for pod in pods {
+            self.pod_event(pod, EventType::Normal, reason::TRIGGERED_SCALE_UP, "ScaleUp", note.clone()).await;
+        }
+    }
+
+    /// Reports a scale-up of `group` from `from` to `to` nodes that the cloud accepted, for
+    /// `pods`: `TriggeredScaleUp` on each pod, and the group's last scale-up.
+    pub async fn scale_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
+        if !self.is_dry_run() {
+            let why = format!("{from}->{to} for {} pending pod(s)", pods.len());
+            self.memory().groups.entry(group.into()).or_default().last_scale_up =
+                Some((Timestamp::now(), why));
+        }
+        self.announce_scale_up(group, from, to, pods).await;
+    }
+
+    /// Reports a scale-up of `group` the cloud refused: a `ScaleUpFailed` warning on the group's
+    /// status ConfigMap, and the group's last failure.
+    pub async fn scale_up_failed(&self, group: &str, error: &str) {
+        self.memory().groups.entry(group.into()).or_default().last_scale_up_failure =
+            Some((Timestamp::now(), error.to_string()));
+        let cm = self.group_cm(group);
+        let note = format!("scale-up of group {group} failed: {error}");
+        let ns = self.namespace.clone();
+        let target = Target { kind: "ConfigMap", namespace: Some(&ns), name: &cm };
+        self.event(target, EventType::Warning, reason::SCALE_UP_FAILED, "ScaleUp", note).await;
+    }
+
+    /// Records that `group` is backed off until `until` (after failed scale-ups), or no longer
+    /// (`None`); shown in the group's status ConfigMap from the next [`StatusPublisher::publish_plan`].
+    pub fn set_backoff(&self, group: &str, backoff: Option<(Timestamp, String)>) {
+        self.memory().groups.entry(group.into()).or_default().backoff = backoff;
+    }
+
+    /// Reports that `node` is cordoned and being drained: `ScaleDown` on the node.
+    pub async fn drain_started(&self, node: &str, why: &str) {
+        let note = if self.is_dry_run() {
+            format!("would drain node for removal (dry run): {why}")
+        } else {
+            format!("marked the node unschedulable and started draining it for removal: {why}")
+        };
+        self.node_event(node, EventType::Normal, reason::SCALE_DOWN, "Drain", note).await;
+    }
+
+    /// Reports that `pod` was evicted from `node` for its removal: `ScaleDown` on the pod.
+    pub async fn pod_evicted(&self, pod: &str, node: &str) {
+        let note = format!("evicting pod from node {node} for scale down");
+        self.pod_event(pod, EventType::Normal, reason::SCALE_DOWN, "Evict", note).await;
+    }
+
+    /// Reports that `pod` cannot be evicted from `node` (PDB, do-not-disrupt, ...): a
+    /// `ScaleDownFailed` warning on the node and on the pod.
+    pub async fn eviction_blocked(&self, pod: &str, node: &str, why: &str) {
+        let note = format!("cannot evict pod {pod} from node {node}: {why}");
+        self.node_event(node, EventType::Warning, reason::SCALE_DOWN_FAILED, "Evict", note.clone()).await;
+        self.pod_event(pod, EventType::Warning, reason::SCALE_DOWN_FAILED, "Evict", note).await;
+    }
+
+    /// Reports that removing `node` failed: a `ScaleDownFailed` warning on the node.
+    pub async fn scale_down_failed(&self, node: &str, group: &str, error: &str) {
+        let note = format!("removing node from group {group} failed: {error}");
+        self.node_event(node, EventType::Warning, reason::SCALE_DOWN_FAILED, "ScaleDown", note).await;
+    }
+
+    /// Reports that `node` of `group` was drained and its instance deleted: `ScaleDown` on the
+    /// node, and the group's last scale-down.
+    pub async fn node_deleted(&self, node: &str, group: &str) {
+        self.memory().groups.entry(group.into()).or_default().last_scale_down =
+            Some((Timestamp::now(), format!("removed node {node}")));
+        let note = format!("node removed from group {group} by gpuscale");
+        self.node_event(node, EventType::Normal, reason::SCALE_DOWN, "Delete", note).await;
+    }
+}
+
+/// One request to the status task of a [`StatusHandle`].
+enum Msg {
+    BeginLoop,
+    Plan { plan: Box<Plan>, groups: Vec<NodeGroup>, snapshot: Option<Box<ClusterSnapshot>>, dry_run: bool },
+    ScaleUp { group: String, from: u32, to: u32, pods: Vec<String> },
+    ScaleUpFailed { group: String, error: String },
+    Backoff { group: String, backoff: Option<(Timestamp, String)> },
+    DrainStarted { node: String, why: String },
+    PodEvicted { pod: String, node: String },
+    EvictionBlocked { pod: String, node: String, why: String },
+    ScaleDownFailed { node: String, group: String, error: String },
+    NodeDeleted { node: String, group: String },
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Messages a [`StatusHandle`] queues before it drops new ones (an API server that is down must
+/// not make the controller's memory grow).
+pub const STATUS_QUEUE: usize = 1024;
+
+/// A non-blocking front of a [`StatusPublisher`] for the reconcile loop: every method queues the
+/// call for a task that publishes in order, so the loop never waits for the API server. A full
+/// queue drops the call (logged, counted as `errors_total{kind="status_dropped"}`).
+#[derive(Clone)]
+pub struct StatusHandle {
+    tx: tokio::sync::mpsc::Sender<Msg>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl StatusPublisher {
+    /// Moves the publisher into a task on the current tokio runtime; the task ends when every
+    /// handle is dropped.
+    pub fn spawn(self) -> (StatusHandle, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(STATUS_QUEUE);
+        let handle = StatusHandle { tx, metrics: self.metrics.clone() };
+        let task = tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    Msg::BeginLoop => self.begin_loop(),
+                    Msg::Plan { plan, groups, snapshot, dry_run } => {
+                        self.publish(&plan, &groups, snapshot.as_deref(), dry_run).await
+                    }
+                    Msg::ScaleUp { group, from, to, pods } => self.scale_up(&group, from, to, &pods).await,
+                    Msg::ScaleUpFailed { group, error } => self.scale_up_failed(&group, &error).await,
+                    Msg::Backoff { group, backoff } => self.set_backoff(&group, backoff),
+                    Msg::DrainStarted { node, why } => self.drain_started(&node, &why).await,
+                    Msg::PodEvicted { pod, node } => self.pod_evicted(&pod, &node).await,
+                    Msg::EvictionBlocked { pod, node, why } => self.eviction_blocked(&pod, &node, &why).await,
+                    Msg::ScaleDownFailed { node, group, error } => {
+                        self.scale_down_failed(&node, &group, &error).await
+                    }
+                    Msg::NodeDeleted { node, group } => self.node_deleted(&node, &group).await,
+                    Msg::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        (handle, task)
+    }
+}
+
+impl StatusHandle {
+    fn send(&self, msg: Msg) {
+        if let Err(e) = self.tx.try_send(msg) {
+            let why = match e {
+                tokio::sync::mpsc::error::TrySendError::Full(_) => "queue full",
+                tokio::sync::mpsc::error::TrySendError::Closed(_) => "status task ended",
+            };
+            tracing::warn!("status: dropped an update ({why})");
+            if let Some(m) = &self.metrics {
+                m.error("status_dropped");
+            }
+        }
+    }
+
+    /// See [`StatusPublisher::begin_loop`].
+    pub fn begin_loop(&self) {
+        self.send(Msg::BeginLoop);
+    }
+
+    /// See [`StatusPublisher::publish_plan_with_nodes`]; without a snapshot, node counts are left
+    /// out.
+    pub fn publish_plan(
+        &self,
+        plan: &Plan,
+        groups: &[NodeGroup],
+        snapshot: Option<&ClusterSnapshot>,
+        dry_run: bool,
+    ) {
+        self.send(Msg::Plan {
+            plan: Box::new(plan.clone()),
+            groups: groups.to_vec(),
+            snapshot: snapshot.map(|s| Box::new(s.clone())),
+            dry_run,
+        });
+    }
+
+    /// See [`StatusPublisher::scale_up`].
+    pub fn scale_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
+        self.send(Msg::ScaleUp { group: group.into(), from, to, pods: pods.to_vec() });
+    }
+
+    /// See [`StatusPublisher::scale_up_failed`].
+    pub fn scale_up_failed(&self, group: &str, error: &str) {
+        self.send(Msg::ScaleUpFailed { group: group.into(), error: error.into() });
+    }
+
+    /// See [`StatusPublisher::set_backoff`].
+    pub fn set_backoff(&self, group: &str, backoff: Option<(Timestamp, String)>) {
+        self.send(Msg::Backoff { group: group.into(), backoff });
+    }
+
+    /// See [`StatusPublisher::drain_started`].
+    pub fn drain_started(&self, node: &str, why: &str) {
+        self.send(Msg::DrainStarted { node: node.into(), why: why.into() });
+    }
+
+    /// See [`StatusPublisher::pod_evicted`].
+    pub fn pod_evicted(&self, pod: &str, node: &str) {
+        self.send(Msg::PodEvicted { pod: pod.into(), node: node.into() });
+    }
+
+    /// See [`StatusPublisher::eviction_blocked`].
+    pub fn eviction_blocked(&self, pod: &str, node: &str, why: &str) {
+        self.send(Msg::EvictionBlocked { pod: pod.into(), node: node.into(), why: why.into() });
+    }
+
+    /// See [`StatusPublisher::scale_down_failed`].
+    pub fn scale_down_failed(&self, node: &str, group: &str, error: &str) {
+        self.send(Msg::ScaleDownFailed { node: node.into(), group: group.into(), error: error.into() });
+    }
+
+    /// See [`StatusPublisher::node_deleted`].
+    pub fn node_deleted(&self, node: &str, group: &str) {
+        self.send(Msg::NodeDeleted { node: node.into(), group: group.into() });
+    }
+
+    /// Waits until everything queued before this call is published (tests, shutdown).
+    pub async fn flush(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.tx.send(Msg::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+/// Node counts of group `g` by state.
+fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup], g: &NodeGroup) -> [usize; 4] {
+    let mut counts = [0; 4];
+    for n in &snapshot.nodes {
+        if group_of(n, groups).is_some_and(|i| groups[i].id == g.id) {
+            counts[match n.state {
+                NodeState::Ready => 0,
+                NodeState::Initializing => 1,
+                NodeState::Upcoming => 2,
+                NodeState::Deleting => 3,
+            }] += 1;
+        }
+    }
+    counts
+}
+
+/// The data of a group's status ConfigMap.
+fn group_data(
+    plan: &Plan,
+    g: &NodeGroup,
+    mem: &GroupMemory,
+    counts: Option<[usize; 4]>,
+    dry_run: bool,
+    now: Timestamp,
+) -> BTreeMap<String, String> {
+    let mut d = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        d.insert(k.to_string(), v);
+    };
+    put("group", g.id.clone());
+    put("instanceType", g.instance_type.clone());
+    put("capacityType", format!("{:?}", g.capacity_type));
+    put("targetSize", g.target_size.to_string());
+    put("minSize", g.min_size.to_string());
+    put("maxSize", g.max_size.to_string());
+    if let Some([ready, initializing, upcoming, deleting]) = counts {
+        put("readyNodes", ready.to_string());
+        put("initializingNodes", initializing.to_string());
+        put("upcomingNodes", upcoming.to_string());
+        put("deletingNodes", deleting.to_string());
+    }
+    for (key, value) in [
+        ("lastScaleUp", &mem.last_scale_up),
+        ("lastScaleUpFailure", &mem.last_scale_up_failure),
+        ("lastScaleDown", &mem.last_scale_down),
+    ] {
+        if let Some((at, why)) = value {
+            put(&format!("{key}Time"), at.to_string());
+            put(&format!("{key}Reason"), why.clone());
+        }
+    }
+    match &mem.backoff {
+        Some((until, why)) if *until > now => {
+            put("backoff", "true".into());
+            put("backoffUntil", until.to_string());
+            put("backoffReason", why.clone());
+        }
+        _ => put("backoff", "false".into()),
+    }
+    put("lastPlan", group_plan_summary(plan, &g.id));
+    put("dryRun", dry_run.to_string());
+    put("lastUpdated", now.to_string());
+    d
+}
+
+/// The lines of `plan` about group `id`.
+fn group_plan_summary(plan: &Plan, id: &str) -> String {
+    let mut out = String::new();
+    for a in plan.scale_ups.iter().filter(|a| a.group == id) {
+        let _ = writeln!(
+            out,
+            "scale-up {} -> {} (+{}) for {} pod(s), +{}: {}",
+            a.from,
+            a.to,
+            a.to.saturating_sub(a.from),
+            a.pods.len(),
+            usd(a.cost_per_hour),
+            a.reason
+        );
+    }
+    for a in plan.scale_downs.iter().filter(|a| a.group == id) {
+        let _ = writeln!(out, "scale-down node {}, -{}: {}", a.node, usd(a.saving_per_hour), a.reason);
+    }
+    for a in plan.replacements.iter().filter(|a| a.group == id) {
+        let _ = writeln!(
+            out,
+            "replace node {} by one node of {}, -{}",
+            a.node,
+            a.replacement_group,
+            usd(a.saving_per_hour)
+        );
+    }
+    for a in plan.replacements.iter().filter(|a| a.replacement_group == id) {
+        let _ = writeln!(out, "add one node to replace node {} of {}", a.node, a.group);
+    }
+    if out.is_empty() {
+        out.push_str("no action\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configmap_names_are_dns1123_and_unique() {
+        assert_eq!(dns1123("GPU_H100.Spot--x/", 63), "gpu-h100-spot-x");
+        assert_eq!(dns1123("--a--", 63), "a");
+        assert_eq!(dns1123("abcdef", 3), "abc");
+        let ids = ["aws/prod/gpu-H100", "aws/prod/gpu", "gcp/p/gpu"];
+        assert_eq!(group_configmap_name("aws/prod/gpu-H100", ids), "gpuscale-status-gpu-h100");
+        assert_eq!(group_configmap_name("aws/prod/gpu", ids), "gpuscale-status-aws-prod-gpu");
+        assert_eq!(group_configmap_name("gcp/p/gpu", ids), "gpuscale-status-gcp-p-gpu");
+        assert_eq!(group_configmap_name("///", ["///"]), "gpuscale-status-unnamed");
+    }
+}
