@@ -340,3 +340,24 @@ fn the_annotation_is_read_from_nodes_and_a_bad_one_is_only_a_warning() {
     assert!(warning.contains(TELEMETRY_ANNOTATION) && warning.contains("g[0].u"), "{warning}");
     let _ = GpuDevice::standard(0, 0);
 }
+
+#[test]
+fn example_snapshot_with_agent_telemetry() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let loaded = gpuscale::k8s::load_snapshot(&dir.join("examples/snapshots/gpu-telemetry.json")).unwrap();
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    assert!(loaded.snapshot.nodes.iter().all(|n| n.telemetry.is_some()));
+    let providers = config::load_files(&[dir.join("examples/providers/gpu-telemetry.yaml")]).unwrap();
+    let groups = providers.node_groups();
+    let a100_price = group(&groups, "gpu-a100").price;
+    let plan = run(loaded.snapshot, groups, &PlannerSettings::default());
+    let table = plan.to_table();
+    assert!(plan.scale_ups.is_empty() && plan.unschedulable.is_empty(), "{table}");
+    assert_eq!(plan.mig_repartitions.len(), 1, "{table}");
+    let r = &plan.mig_repartitions[0];
+    assert_eq!((r.gpus.len(), r.pods.len(), r.saving_per_hour), (1, 4, a100_price), "{table}");
+    assert!(table.contains("mig-parted entry:") && table.contains("\"1g.5gb\": 4"), "{table}");
+    assert_eq!(plan.idle_gpus.len(), 1, "{table}");
+    assert!(plan.idle_gpus[0].reclaimable);
+    assert!(plan.scale_downs.iter().any(|d| d.node == "ip-10-0-41-7.ec2.internal"), "{table}");
+}

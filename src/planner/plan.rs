@@ -244,6 +244,13 @@ impl Plan {
                     String::new()
                 }
             );
+            if !r.mig_config_label.starts_with("all-") {
+                // A custom name: the MIG manager's config map needs its entry.
+                let _ = writeln!(out, "              mig-parted entry:");
+                for line in r.mig_parted_config.lines() {
+                    let _ = writeln!(out, "                {line}");
+                }
+            }
         }
         for p in &self.placements {
             let _ = writeln!(
