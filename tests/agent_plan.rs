@@ -361,3 +361,34 @@ fn example_snapshot_with_agent_telemetry() {
     assert!(plan.idle_gpus[0].reclaimable);
     assert!(plan.scale_downs.iter().any(|d| d.node == "ip-10-0-41-7.ec2.internal"), "{table}");
 }
+
+#[test]
+fn idle_whole_gpus_of_a_mig_capable_model_can_be_switched_to_mig() {
+    let groups = groups();
+    let mut node = node_of(&groups, "a100-7g", "a100-whole");
+    node.gpus.truncate(2);
+    for d in &mut node.gpus {
+        d.mode = GpuMode::Standard;
+    }
+    let snapshot = ClusterSnapshot {
+        nodes: vec![node],
+        workloads: vec![
+            running(
+                pod("ml/whole", GpuDemand::Whole { count: 1 }),
+                "a100-whole",
+                DeviceAssignment::Whole { gpus: vec![0] },
+            ),
+            pod("ml/slice", mig("2g.10gb", 1)),
+        ],
+        ..Default::default()
+    };
+    let plan = run(snapshot, vec![], &PlannerSettings::default());
+    let table = plan.to_table();
+    assert_eq!(plan.mig_repartitions.len(), 1, "{table}");
+    let r = &plan.mig_repartitions[0];
+    assert_eq!((r.gpus.clone(), r.from_layout.clone()), (vec![1], vec![vec![]]), "{table}");
+    assert_eq!(A100_40GB.validate(&r.to_layout[0]), Ok(()));
+    assert!(table.contains("GPU 1: MIG off → "), "{table}");
+    assert!(r.mig_parted_config.contains("mig-enabled: false"), "GPU 0 stays whole: {}", r.mig_parted_config);
+    assert!(plan.placements.is_empty() && plan.unschedulable.is_empty(), "{table}");
+}

@@ -322,12 +322,17 @@ pub(crate) fn advise(
                     .map(|p| (c.option.index, p.clone()))
             })
             .collect();
+        let gone = Workload { id: format!("{}/mig-repartition", node.name), ..Default::default() };
         if !withdrawn.is_empty() {
-            let gone = Workload { id: format!("{}/mig-repartition", node.name), ..Default::default() };
             placer.commit(
                 &gone,
                 &Placement { node: n, devices: DeviceAssignment::Mig { instances: withdrawn } },
             );
+        }
+        // A GPU switched from whole to MIG is no longer available whole.
+        let switched: Vec<u8> = changes.iter().filter(|c| c.option.mig_off).map(|c| c.option.index).collect();
+        if !switched.is_empty() {
+            placer.commit(&gone, &Placement { node: n, devices: DeviceAssignment::Whole { gpus: switched } });
         }
         for (wi, got) in &advice.pods {
             let devices = DeviceAssignment::Mig { instances: got.clone() };
