@@ -69,3 +69,74 @@ async fn publishes_the_annotation_with_a_merge_patch() {
     assert!(patch.as_object().unwrap().len() == 1, "nothing but metadata: {patch}");
     server.abort();
 }
+
+fn gpu(util: u8) -> NodeTelemetry {
+    NodeTelemetry {
+        sampled_at: 0,
+        gpus: vec![GpuSample {
+            index: 0,
+            uuid: "GPU-loop".into(),
+            model: "L4".into(),
+            utilization_pct: Some(util),
+            memory_used_bytes: 1 << 30,
+            memory_total_bytes: 24 << 30,
+            ecc_errors: 0,
+            healthy: true,
+            mig: vec![],
+            idle_since: None,
+        }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_loop_writes_only_material_changes() {
+    use gpuscale::agent::{self, AgentOptions, MemorySource, PublishPolicy};
+    use std::time::{Duration, Instant};
+
+    let seen: Seen = Arc::default();
+    let app = Router::new().route("/api/v1/nodes/{name}", any(node_endpoint)).with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding a loopback port");
+    let api = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = kube::Client::try_from(kube::Config::new(format!("http://{api}").parse().unwrap())).unwrap();
+
+    // Busy, the same busy reading four more times (jitter only), then a big drop, repeated.
+    let samples = [gpu(80), gpu(82), gpu(79), gpu(81), gpu(80), gpu(10)];
+    let options = AgentOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        interval: Duration::from_millis(50),
+        node_name: Some("gpu-node-2".into()),
+        idle_threshold_pct: 5,
+        publish: PublishPolicy { refresh_secs: 3600, min_gap_secs: 0 },
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(agent::run(
+        options,
+        Box::new(MemorySource::new(samples)),
+        Some(client),
+        async move {
+            let _ = stop_rx.await;
+        },
+        None,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "fewer than 2 writes in 30s: {:?}", seen.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Several more samples of the unchanged last reading: no more writes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), task).await.expect("agent stopped").unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let utils: Vec<Option<u8>> = seen
+        .iter()
+        .map(|(_, node, _, patch)| {
+            assert_eq!(node, "gpu-node-2");
+            let value = patch["metadata"]["annotations"][TELEMETRY_ANNOTATION].as_str().unwrap();
+            NodeTelemetry::decode(node, value).unwrap().gpus[0].utilization_pct
+        })
+        .collect();
+    assert_eq!(utils, vec![Some(80), Some(10)], "one write per material change");
+    server.abort();
+}

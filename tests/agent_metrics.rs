@@ -50,6 +50,7 @@ async fn in_memory_source_metrics_over_http() {
     let task = tokio::spawn(agent::run(
         options,
         Box::new(MemorySource::new([sample()])),
+        None,
         async move {
             let _ = stop_rx.await;
         },

@@ -56,10 +56,12 @@ fn unix_now() -> u64 {
 }
 
 /// Runs the agent until `shutdown` completes: binds the HTTP server, then samples every
-/// `interval`. Returns the bound address through `bound` (useful with port 0).
+/// `interval`. Annotations go through `client`, or a client from the in-cluster/kubeconfig
+/// environment made on first use. Returns the bound address through `bound` (useful with port 0).
 pub async fn run(
     options: AgentOptions,
     mut source: Box<dyn TelemetrySource>,
+    client: Option<kube::Client>,
     shutdown: impl Future<Output = ()> + Send,
     bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> Result<(), AgentError> {
@@ -99,7 +101,8 @@ pub async fn run(
 
     let mut tracker = IdleTracker::new(options.idle_threshold_pct);
     let mut publish = PublishState::default();
-    let mut annotator: Option<NodeAnnotator> = None;
+    let mut annotator: Option<NodeAnnotator> =
+        client.zip(options.node_name.clone()).map(|(c, node)| NodeAnnotator::new(c, node));
     let mut client_error_logged = false;
     let mut unavailable_logged = false;
     let mut ticker = tokio::time::interval(options.interval);

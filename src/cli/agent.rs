@@ -69,7 +69,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        agent::run(options, Box::new(source), shutdown_signal(), None).await.context("gpuscale agent")
+        agent::run(options, Box::new(source), None, shutdown_signal(), None).await.context("gpuscale agent")
     })?;
     Ok(ExitCode::SUCCESS)
 }
