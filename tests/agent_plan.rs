@@ -392,3 +392,14 @@ fn idle_whole_gpus_of_a_mig_capable_model_can_be_switched_to_mig() {
     assert!(r.mig_parted_config.contains("mig-enabled: false"), "GPU 0 stays whole: {}", r.mig_parted_config);
     assert!(plan.placements.is_empty() && plan.unschedulable.is_empty(), "{table}");
 }
+
+#[test]
+fn the_config_file_has_a_telemetry_section() {
+    use gpuscale::config::GpuscaleConfig;
+    let path = Path::new("gpuscale.yaml");
+    let c = GpuscaleConfig::parse(path, "telemetry:\n  idleWindow: 30m\n").unwrap();
+    assert_eq!(c.telemetry, TelemetrySettings { idle_window: 1800, ..Default::default() });
+    assert_eq!(GpuscaleConfig::parse(path, "planner: {}\n").unwrap().telemetry.idle_window, 3600);
+    let e = GpuscaleConfig::parse(path, "telemetry:\n  idleWindow: 30 minutes\n").unwrap_err().to_string();
+    assert!(e.contains("gpuscale.yaml") && e.contains("idleWindow") && e.contains("30 minutes"), "{e}");
+}

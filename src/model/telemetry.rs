@@ -361,10 +361,10 @@ impl IdleTracker {
 pub struct TelemetrySettings {
     /// A GPU allocated to pods but idle at least this long is reported (`30m`, `2h`, `90s`, or
     /// seconds).
-    #[serde(with = "duration_text")]
+    #[serde(serialize_with = "duration_text::serialize", deserialize_with = "duration_text::idle_window")]
     pub idle_window: u64,
     /// Telemetry older than this is ignored (the agent may be gone).
-    #[serde(with = "duration_text")]
+    #[serde(serialize_with = "duration_text::serialize", deserialize_with = "duration_text::max_age")]
     pub max_age: u64,
 }
 
@@ -431,7 +431,15 @@ mod duration_text {
         s.serialize_str(&super::format_duration(*secs))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    pub fn idle_window<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        field(d, "telemetry.idleWindow")
+    }
+
+    pub fn max_age<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        field(d, "telemetry.maxAge")
+    }
+
+    fn field<'de, D: Deserializer<'de>>(d: D, name: &str) -> Result<u64, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Text {
@@ -440,7 +448,9 @@ mod duration_text {
         }
         match Text::deserialize(d)? {
             Text::Secs(s) => Ok(s),
-            Text::Text(t) => super::parse_duration(&t).map_err(serde::de::Error::custom),
+            Text::Text(t) => {
+                super::parse_duration(&t).map_err(|e| serde::de::Error::custom(format!("{name}: {e}")))
+            }
         }
     }
 }

@@ -123,8 +123,13 @@ struct NodeAdvice {
 
 /// Re-partitions GPUs of one node for as many of `pods` (snapshot indexes, in priority order) as
 /// it can: each pod all-or-nothing.
-fn advise_node(node: &Node, geometry: &MigGeometry, workloads: &[Workload], pods: &[usize]) -> NodeAdvice {
-    let layouts = geometry.maximal_layouts();
+fn advise_node(
+    node: &Node,
+    geometry: &MigGeometry,
+    layouts: &[Vec<MigPlacement>],
+    workloads: &[Workload],
+    pods: &[usize],
+) -> NodeAdvice {
     let options = options(node);
     let mut changes: Vec<Change> = Vec::new();
     let mut assigned: Vec<(usize, Vec<(u8, MigPlacement)>)> = Vec::new();
@@ -156,7 +161,7 @@ fn advise_node(node: &Node, geometry: &MigGeometry, workloads: &[Workload], pods
             if changes.iter().any(|c| c.option.index == option.index) {
                 continue;
             }
-            let Some(layout) = best_layout(geometry, &layouts, option, profile, need - got.len(), &demand)
+            let Some(layout) = best_layout(geometry, layouts, option, profile, need - got.len(), &demand)
             else {
                 continue;
             };
@@ -279,6 +284,7 @@ pub(crate) fn advise(
         .collect();
     nodes.sort_by(|&a, &b| placer.nodes()[a].name.cmp(&placer.nodes()[b].name));
     let mut repartitions = Vec::new();
+    let mut layout_cache: BTreeMap<usize, Vec<Vec<MigPlacement>>> = BTreeMap::new();
     for n in nodes {
         if waiting.is_empty() {
             break;
@@ -298,7 +304,10 @@ pub(crate) fn advise(
         if candidates.is_empty() {
             continue;
         }
-        let advice = advise_node(&node, geometry, workloads, &candidates);
+        // Maximal layouts per GPU model, enumerated once per plan.
+        let key = std::ptr::from_ref(geometry) as usize;
+        let layouts = layout_cache.entry(key).or_insert_with(|| geometry.maximal_layouts());
+        let advice = advise_node(&node, geometry, layouts, workloads, &candidates);
         if advice.pods.is_empty() {
             continue;
         }
