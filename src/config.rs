@@ -15,6 +15,8 @@ use std::path::Path;
 pub struct GpuscaleConfig {
     /// Planner knobs: placement policy, scale-down threshold, consolidation, disruption budget.
     pub planner: PlannerSettings,
+    /// How agent telemetry is used: idle window, maximum age.
+    pub telemetry: crate::model::TelemetrySettings,
 }
 
 impl GpuscaleConfig {

@@ -1,5 +1,7 @@
 //! Command-line parsing and the subcommands' edges: files in, reports out.
 
+#[cfg(feature = "agent")]
+mod agent;
 mod autoscale;
 mod plan;
 mod plot;
@@ -36,6 +38,10 @@ enum Command {
     /// Replay a GPU trace through the placement scheduler (the FGD paper's workload-inflation
     /// experiment) and report how much of the cluster each policy allocates.
     Simulate(simulate::SimulateArgs),
+    /// Node GPU telemetry agent (a DaemonSet): NVML readings as Prometheus metrics and as the
+    /// `gpuscale.io/gpu-telemetry` node annotation the controller reads.
+    #[cfg(feature = "agent")]
+    Agent(agent::AgentArgs),
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` filters (default `info`).
@@ -54,5 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Simulate(args) => simulate::run(args),
+        #[cfg(feature = "agent")]
+        Command::Agent(args) => agent::run(args),
     }
 }

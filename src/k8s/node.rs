@@ -5,6 +5,7 @@ use super::error::{ObjCtx, SnapshotError};
 use super::instance_types::instance_gpus;
 use super::quantity;
 use crate::model::mig::{MigGeometry, MigPlacement, MigProfile};
+use crate::model::telemetry::{NodeTelemetry, TELEMETRY_ANNOTATION};
 use crate::model::{
     GpuCatalog, GpuDevice, GpuMode, GpuTopology, MigInstance, Node, NodeState, Resources, Taint, TaintEffect,
 };
@@ -244,6 +245,10 @@ pub fn convert_node(
     let is_true = |key: &str| annotations.get(key).is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let scale_down_disabled = is_true("cluster-autoscaler.kubernetes.io/scale-down-disabled")
         || is_true("karpenter.sh/do-not-disrupt");
+    // A broken agent must not stop autoscaling: a bad annotation is a warning.
+    let telemetry = annotations.get(TELEMETRY_ANNOTATION).and_then(|v| {
+        NodeTelemetry::decode(&name, v).map_err(|e| warnings.push(ctx.warning(format!("{e}; ignored")))).ok()
+    });
 
     Ok(ConvertedNode {
         node: Node {
@@ -262,6 +267,7 @@ pub fn convert_node(
             unschedulable: spec.unschedulable.unwrap_or(false),
             state,
             scale_down_disabled,
+            telemetry,
         },
         gpu_uuids: gpus.uuids,
     })

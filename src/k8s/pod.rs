@@ -527,6 +527,7 @@ pub fn convert_pod(
         gang_topology_key: annotations.get("gpuscale.io/gang-topology").cloned(),
         created_at: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         devices: None,
+        reclaim_idle: is("gpuscale.io/reclaim-idle", "true"),
     };
     Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

@@ -11,6 +11,7 @@ pub mod mig;
 mod node;
 mod resources;
 mod snapshot;
+pub mod telemetry;
 mod workload;
 
 pub use catalog::{GpuCatalog, GpuModelSpec};
@@ -20,6 +21,9 @@ pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, Micr
 pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;
+pub use telemetry::{
+    GpuSample, IdleTracker, MigSample, NodeTelemetry, TelemetrySettings, TELEMETRY_ANNOTATION,
+};
 pub use workload::{
     DisruptionBudget, LabelSelector, NodeSelectorRequirement, OwnerKind, SelectorOperator, Toleration,
     TolerationOperator, Workload, WorkloadId,

@@ -129,6 +129,9 @@ pub struct Node {
     /// `cluster-autoscaler.kubernetes.io/scale-down-disabled` or `karpenter.sh/do-not-disrupt`.
     #[serde(default)]
     pub scale_down_disabled: bool,
+    /// GPU telemetry the `gpuscale agent` published on the node (`gpuscale.io/gpu-telemetry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<super::telemetry::NodeTelemetry>,
 }
 
 impl Node {

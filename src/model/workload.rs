@@ -162,6 +162,10 @@ pub struct Workload {
     /// snapshot loader so that every consumer sees the same assignment).
     #[serde(default)]
     pub devices: Option<super::device::DeviceAssignment>,
+    /// The owner opted in to idle-GPU reclaim (`gpuscale.io/reclaim-idle: "true"`): GPUs it holds
+    /// but leaves idle count as free when deciding consolidation.
+    #[serde(default)]
+    pub reclaim_idle: bool,
 }
 
 /// The controller that owns a pod.

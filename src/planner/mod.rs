@@ -8,11 +8,15 @@
 //!    cheaper one can replace ([`scale_down`]).
 
 pub mod cluster;
+mod idle;
+mod mig_advice;
 mod plan;
 mod scale_down;
 mod scale_up;
 
-pub use plan::{Kept, PendingPlacement, Plan, Replace, ScaleDown, ScaleUp, Unschedulable};
+pub use plan::{
+    IdleGpu, Kept, MigRepartition, PendingPlacement, Plan, Replace, ScaleDown, ScaleUp, Unschedulable,
+};
 
 use crate::model::{ClusterSnapshot, NodeGroup, Workload};
 use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
@@ -52,6 +56,10 @@ pub struct PlannerSettings {
     /// Autoscaler's scale-down parallelism and Karpenter's disruption budgets. Later loops
     /// continue where this one stopped.
     pub max_disruptions: u32,
+    /// How agent telemetry is used (the config file's `telemetry:` section, copied in by the
+    /// caller).
+    #[serde(skip)]
+    pub telemetry: crate::model::TelemetrySettings,
 }
 
 impl Default for PlannerSettings {
@@ -64,6 +72,7 @@ impl Default for PlannerSettings {
             consolidation: true,
             max_new_nodes: 1000,
             max_disruptions: 50,
+            telemetry: Default::default(),
         }
     }
 }
@@ -149,27 +158,37 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         }
     }
 
-    // 2. Scale-up for the rest.
+    // 2. MIG re-partitioning of idle GPUs instead of new nodes, then scale-up for the rest.
+    let advice = mig_advice::advise(&mut placer, &mut info, input, &groups, unplaced);
+    out.mig_repartitions = advice.repartitions;
+    let unplaced = advice.remaining;
     let ups = scale_up::plan(&mut placer, &mut info, input, &groups, &unplaced, settings.max_new_nodes);
     out.unschedulable = ups.unschedulable;
     out.scale_ups = ups.scale_ups;
 
     // 3. Scale-down and consolidation, only when nothing waits for new capacity.
+    let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry);
+    out.idle_gpus = idle.idle;
     if settings.scale_down {
         let waiting: BTreeSet<&str> = out.unschedulable.iter().map(|u| u.pod.as_str()).collect();
         let busy = !waiting.is_empty() || !out.scale_ups.is_empty();
-        let downs = scale_down::plan(&mut placer, &mut info, input, &groups, settings, busy);
+        let downs =
+            scale_down::plan(&mut placer, &mut info, input, &groups, settings, busy, &idle.reclaimable);
         out.scale_downs = downs.scale_downs;
         out.replacements = downs.replacements;
         out.kept = downs.kept;
     }
-    // Where pending pods end up on capacity that exists or is on its way (after any moves).
+    // Where pending pods end up on capacity that exists or is on its way (after any moves);
+    // pods served by a MIG re-partition are listed there.
+    let repartitioned: BTreeSet<&str> =
+        out.mig_repartitions.iter().flat_map(|r| r.pods.iter().map(String::as_str)).collect();
     for (n, node_info) in info.iter().enumerate() {
         if node_info.origin == Origin::New {
             continue;
         }
         for (wi, devices) in &node_info.pods {
-            if snapshot.workloads[*wi].node_name.is_none() {
+            let id = snapshot.workloads[*wi].id.as_str();
+            if snapshot.workloads[*wi].node_name.is_none() && !repartitioned.contains(id) {
                 out.placements.push(PendingPlacement {
                     pod: snapshot.workloads[*wi].id.clone(),
                     node: placer.nodes()[n].name.clone(),

@@ -1,5 +1,7 @@
 //! The output of planning: actions with their reasons, and what they cost.
 
+use crate::model::mig::MigPlacement;
+use crate::model::telemetry::format_duration;
 use crate::model::{dollars, DeviceAssignment, MicroDollarsPerHour};
 use serde::Serialize;
 use std::fmt::Write;
@@ -86,6 +88,49 @@ pub struct Kept {
     pub reason: String,
 }
 
+/// A GPU that pods hold but the node's agent measured idle for longer than the idle window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IdleGpu {
+    /// Node name.
+    pub node: String,
+    /// GPU index on the node.
+    pub gpu: u8,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Pods holding it.
+    pub pods: Vec<String>,
+    /// Seconds it has been idle, as of the agent's last sample.
+    pub idle_for: u64,
+    /// Every holder opted in to reclaim, so the GPU counted as free for scale-down.
+    pub reclaimable: bool,
+    /// Its share of the node's price.
+    pub cost_per_hour: MicroDollarsPerHour,
+}
+
+/// Re-partition MIG GPUs of an existing node instead of adding a node for pending MIG pods.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigRepartition {
+    /// Node name.
+    pub node: String,
+    /// GPUs that change.
+    pub gpus: Vec<u8>,
+    /// Their current layouts (empty: MIG off).
+    pub from_layout: Vec<Vec<MigPlacement>>,
+    /// Their new layouts.
+    pub to_layout: Vec<Vec<MigPlacement>>,
+    /// Running MIG instances on the changed GPUs, restarted by the re-partition.
+    pub disrupted_instances: u32,
+    /// Value of `nvidia.com/mig.config` for NVIDIA's MIG manager.
+    pub mig_config_label: String,
+    /// The mig-parted `mig-configs` entry that defines the label (stock `all-*` names are in
+    /// NVIDIA's default config already).
+    pub mig_parted_config: String,
+    /// Pending pods the new instances are for.
+    pub pods: Vec<String>,
+    /// Price of the scale-up this avoids.
+    pub saving_per_hour: MicroDollarsPerHour,
+}
+
 /// The scaling plan for one snapshot.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Plan {
@@ -101,6 +146,10 @@ pub struct Plan {
     pub unschedulable: Vec<Unschedulable>,
     /// Under-used nodes that stay, with the reason.
     pub kept: Vec<Kept>,
+    /// MIG re-partitions that serve pending pods instead of a scale-up.
+    pub mig_repartitions: Vec<MigRepartition>,
+    /// Allocated GPUs measured idle for longer than the idle window.
+    pub idle_gpus: Vec<IdleGpu>,
     /// Cost per hour of the node groups now (target sizes).
     pub cost_before: MicroDollarsPerHour,
     /// Cost per hour after the plan.
@@ -167,6 +216,42 @@ impl Plan {
                 a.pods.len()
             );
         }
+        for r in &self.mig_repartitions {
+            let changes: Vec<String> = r
+                .gpus
+                .iter()
+                .zip(r.from_layout.iter().zip(&r.to_layout))
+                .map(|(g, (from, to))| {
+                    format!(
+                        "GPU {g}: {} → {}",
+                        super::mig_advice::layout_text(from),
+                        super::mig_advice::layout_text(to)
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "MIG-REPARTITION {:<26} nvidia.com/mig.config={}  -{} (no scale-up)  for {} pod(s): {}\n              {}{}",
+                r.node,
+                r.mig_config_label,
+                usd(r.saving_per_hour),
+                r.pods.len(),
+                list(&r.pods),
+                changes.join("; "),
+                if r.disrupted_instances > 0 {
+                    format!("; restarts {} running instance(s)", r.disrupted_instances)
+                } else {
+                    String::new()
+                }
+            );
+            if !r.mig_config_label.starts_with("all-") {
+                // A custom name: the MIG manager's config map needs its entry.
+                let _ = writeln!(out, "              mig-parted entry:");
+                for line in r.mig_parted_config.lines() {
+                    let _ = writeln!(out, "                {line}");
+                }
+            }
+        }
         for p in &self.placements {
             let _ = writeln!(
                 out,
@@ -182,10 +267,26 @@ impl Plan {
         for k in &self.kept {
             let _ = writeln!(out, "KEEP          {:<28} {}", k.node, k.reason);
         }
+        for i in &self.idle_gpus {
+            let _ = writeln!(
+                out,
+                "IDLE-GPU      {:<28} GPU {} idle {}  {}  held by {}{}",
+                i.node,
+                i.gpu,
+                format_duration(i.idle_for),
+                usd(i.cost_per_hour),
+                list(&i.pods),
+                if i.reclaimable { " (reclaim opted in)" } else { "" }
+            );
+        }
         for w in &self.warnings {
             let _ = writeln!(out, "WARNING       {w}");
         }
-        if self.is_noop() && self.placements.is_empty() && self.unschedulable.is_empty() {
+        if self.is_noop()
+            && self.placements.is_empty()
+            && self.unschedulable.is_empty()
+            && self.mig_repartitions.is_empty()
+        {
             let _ = writeln!(out, "nothing to do");
         }
         let _ = writeln!(

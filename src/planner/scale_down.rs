@@ -124,6 +124,7 @@ pub(crate) fn plan(
     groups: &[NodeGroup],
     settings: &PlannerSettings,
     scale_up_pending: bool,
+    reclaimable: &[u64],
 ) -> ScaleDowns {
     let workloads = &input.snapshot.workloads;
     let mut out = ScaleDowns { scale_downs: Vec::new(), replacements: Vec::new(), kept: Vec::new() };
@@ -144,7 +145,10 @@ pub(crate) fn plan(
         .map(|n| {
             let node = &placer.nodes()[n];
             let price = info[n].group.map_or(0, |g| groups[g].price);
-            (utilization(node), price, node.name.clone(), n)
+            // GPUs held idle by pods that opted in to reclaim count as free.
+            let reclaim =
+                reclaimable.get(n).copied().unwrap_or(0) as f64 / node.gpu_milli_capacity().max(1) as f64;
+            ((utilization(node) - reclaim).max(0.0), price, node.name.clone(), n)
         })
         .filter(|(u, ..)| *u < settings.scale_down_utilization)
         .collect();

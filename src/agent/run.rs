@@ -1,0 +1,172 @@
+//! The agent's main loop: sample, track idleness, update metrics, publish; serve HTTP meanwhile.
+
+use super::metrics::AgentMetrics;
+use super::publish::{NodeAnnotator, PublishPolicy, PublishState};
+use super::source::{SourceError, TelemetrySource};
+use crate::model::IdleTracker;
+use axum::http::header::CONTENT_TYPE;
+use axum::routing::get;
+use axum::Router;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Address of the `/metrics` and `/healthz` server.
+    pub listen: SocketAddr,
+    /// Time between samples.
+    pub interval: Duration,
+    /// Node to annotate; `None` serves metrics only.
+    pub node_name: Option<String>,
+    /// Utilisation (percent) below which a GPU counts as idle.
+    pub idle_threshold_pct: u8,
+    /// When to write the node annotation.
+    pub publish: PublishPolicy,
+}
+
+/// Why the agent stopped with an error.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// The metrics address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("metrics server on {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Runs the agent until `shutdown` completes: binds the HTTP server, then samples every
+/// `interval`. Annotations go through `client`, or a client from the in-cluster/kubeconfig
+/// environment made on first use. Returns the bound address through `bound` (useful with port 0).
+pub async fn run(
+    options: AgentOptions,
+    mut source: Box<dyn TelemetrySource>,
+    client: Option<kube::Client>,
+    shutdown: impl Future<Output = ()> + Send,
+    bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> Result<(), AgentError> {
+    let metrics = Arc::new(AgentMetrics::new());
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| AgentError::Bind { addr: options.listen, source })?;
+    let addr = listener.local_addr().map_err(|source| AgentError::Bind { addr: options.listen, source })?;
+    tracing::info!(%addr, interval = ?options.interval, node = ?options.node_name, "gpuscale agent serving /metrics and /healthz");
+    if let Some(tx) = bound {
+        let _ = tx.send(addr);
+    }
+    let served = metrics.clone();
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = served.clone();
+                async move {
+                    (
+                        [(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut server_stop = stop_rx.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = server_stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let mut tracker = IdleTracker::new(options.idle_threshold_pct);
+    let mut publish = PublishState::default();
+    let mut annotator: Option<NodeAnnotator> =
+        client.zip(options.node_name.clone()).map(|(c, node)| NodeAnnotator::new(c, node));
+    let mut client_error_logged = false;
+    let mut unavailable_logged = false;
+    let mut ticker = tokio::time::interval(options.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = ticker.tick() => {}
+        }
+        let now = unix_now();
+        let mut sample = match source.sample(now) {
+            Ok(s) => s,
+            Err(SourceError::Unavailable { reason }) => {
+                if !unavailable_logged {
+                    tracing::warn!(%reason, "no NVIDIA driver (NVML unavailable): serving empty GPU metrics; will retry");
+                    unavailable_logged = true;
+                }
+                metrics.record_unavailable();
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "GPU sample failed");
+                metrics.record_error();
+                continue;
+            }
+        };
+        if unavailable_logged {
+            tracing::info!(gpus = sample.gpus.len(), "NVML available");
+            unavailable_logged = false;
+        }
+        tracker.observe(&mut sample);
+        metrics.record(&sample);
+        let Some(node) = &options.node_name else { continue };
+        if !publish.due(&options.publish, &sample, now) {
+            continue;
+        }
+        if annotator.is_none() {
+            match kube::Client::try_default().await {
+                Ok(client) => annotator = Some(NodeAnnotator::new(client, node.clone())),
+                Err(e) => {
+                    if !client_error_logged {
+                        tracing::warn!(error = %e, "no Kubernetes client; the node annotation is not written (metrics still served)");
+                        client_error_logged = true;
+                    }
+                    publish.attempted(&sample, now, false);
+                    continue;
+                }
+            }
+        }
+        if let Some(a) = &annotator {
+            let result = a.publish(&sample).await;
+            if let Err(e) = &result {
+                tracing::warn!(node = %node, error = %e, "writing the telemetry annotation failed");
+            }
+            metrics.record_annotation(result.is_ok());
+            publish.attempted(&sample, now, result.is_ok());
+        }
+    }
+    tracing::info!("gpuscale agent shutting down");
+    let _ = stop_tx.send(true);
+    match server.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(AgentError::Serve { addr, source }),
+        Err(join) => Err(AgentError::Serve { addr, source: std::io::Error::other(join.to_string()) }),
+    }
+}
