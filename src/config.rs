@@ -15,6 +15,8 @@ use std::path::Path;
 pub struct GpuscaleConfig {
     /// Planner knobs: placement policy, scale-down threshold, consolidation, disruption budget.
     pub planner: PlannerSettings,
+    /// Tenants, cohorts, GPU quotas, fair sharing and preemption (absent: no multi-tenancy).
+    pub tenancy: Option<crate::tenancy::TenancyConfig>,
 }
 
 impl GpuscaleConfig {
@@ -36,6 +38,9 @@ impl GpuscaleConfig {
             return Ok(Self::default());
         }
         let config: Self = serde_yaml::from_value(value).map_err(yaml_err)?;
+        if let Some(tenancy) = &config.tenancy {
+            tenancy.validate(path)?;
+        }
         let utilization = config.planner.scale_down_utilization;
         if !(0.0..=1.0).contains(&utilization) {
             return Err(ConfigError::Invalid {
