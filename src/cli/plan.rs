@@ -76,6 +76,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let input =
         PlanInput { snapshot: loaded.snapshot, groups: providers.node_groups(), ..Default::default() };
     let mut settings: PlannerSettings = settings_file.planner;
+    settings.tenancy = settings_file.tenancy;
     if let Some(policy) = args.policy {
         settings.policy = policy;
     }

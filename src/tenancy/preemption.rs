@@ -126,6 +126,10 @@ pub fn cheapest_victims(
         if !w.allowed_on(node) || node.unschedulable || node.allocatable.checked_sub(&w.requests).is_none() {
             continue;
         }
+        let local: Vec<usize> = by_cost.iter().copied().filter(|&i| running[i].node == n).collect();
+        if local.is_empty() && fit::candidates(node, w).is_err() {
+            continue;
+        }
         // Feasible with these victims (each evicted from its own node)?
         let feasible = |set: &[usize]| -> bool {
             let mut node = node.clone();
@@ -145,24 +149,29 @@ pub fn cheapest_victims(
             return Some(VictimSet { node: n, victims: Vec::new(), lost_gpu_seconds: 0.0, cost: 0.0 });
         }
         // Greedy: victims on this node first (they make room and may give quota back), then
-        // borrowers elsewhere for quota only.
+        // borrowers elsewhere for quota only. State is updated incrementally.
         let mut set: Vec<usize> = Vec::new();
         let mut ok = false;
-        let order = by_cost
-            .iter()
-            .filter(|&&i| running[i].node == n)
-            .chain(by_cost.iter().filter(|&&i| running[i].node != n));
+        let mut sim_node = node.clone();
         let mut sim = ledger.clone();
-        for &i in order {
+        let others = by_cost.iter().copied().filter(|&i| running[i].node != n);
+        for i in local.iter().copied().chain(others) {
+            let r = &running[i];
+            if r.node != n && fit::candidates(&sim_node, w).is_err() {
+                break; // other nodes' victims cannot make room here
+            }
             // Re-check reclaim eligibility against usage after earlier victims.
-            if !may_evict(tenants, &sim, claimant, &running[i]) {
+            if !may_evict(tenants, &sim, claimant, r) {
                 continue;
             }
             set.push(i);
-            if let Some(t) = running[i].tenant {
-                sim.release(t, &running[i].usage);
+            if r.node == n {
+                sim_node.release(&r.requests, &r.devices);
             }
-            if feasible(&set) {
+            if let Some(t) = r.tenant {
+                sim.release(t, &r.usage);
+            }
+            if fit::candidates(&sim_node, w).is_ok() && quota_ok(tenants, &sim, claimant) {
                 ok = true;
                 break;
             }
