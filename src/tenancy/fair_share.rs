@@ -46,13 +46,18 @@ pub fn capacity(tenants: &Tenants, cluster_gpu_milli: u64) -> Usage {
 
 /// A tenant's weighted share of `usage`.
 pub fn share(tenants: &Tenants, tenant: usize, usage: &Usage, capacity: &Usage) -> f64 {
+    share_with(tenants, tenant, usage, &Usage::new(), capacity)
+}
+
+/// A tenant's weighted share of `usage` plus `extra`, without building the sum.
+pub fn share_with(tenants: &Tenants, tenant: usize, usage: &Usage, extra: &Usage, capacity: &Usage) -> f64 {
     let t = &tenants.tenants[tenant];
     let of = |k: &ResourceKind| {
         let c = capacity.get(k).copied().unwrap_or(0);
         if c == 0 {
             0.0
         } else {
-            usage.get(k).copied().unwrap_or(0) as f64 / c as f64
+            (usage.get(k).copied().unwrap_or(0) + extra.get(k).copied().unwrap_or(0)) as f64 / c as f64
         }
     };
     let raw = match tenants.config.fair_share.mode {
@@ -97,11 +102,7 @@ pub fn order(tenants: &Tenants, ledger: &Ledger, claims: &[Claim], now: i64, cap
             let Some(&head) = q.last() else { continue };
             let s = match tenant {
                 None => f64::NEG_INFINITY,
-                Some(t) => {
-                    let mut after = usage[t].clone();
-                    add(&mut after, &claims[head].demand);
-                    share(tenants, t, &after, capacity)
-                }
+                Some(t) => share_with(tenants, t, &usage[t], &claims[head].demand, capacity),
             };
             let better = match best {
                 None => true,
@@ -123,6 +124,35 @@ pub fn order(tenants: &Tenants, ledger: &Ledger, claims: &[Claim], now: i64, cap
         out.push(head);
     }
     out
+}
+
+/// Weighted max-min fair division of `capacity` among demands (water-filling): no tenant gets
+/// more than it asks, the rest is split in proportion to weights. The reference a fair scheduler
+/// is measured against.
+pub fn max_min_fair(capacity: f64, demands: &[f64], weights: &[f64]) -> Vec<f64> {
+    let mut alloc = vec![0.0; demands.len()];
+    let mut active: Vec<usize> =
+        (0..demands.len()).filter(|&i| demands[i] > 0.0 && weights[i] > 0.0).collect();
+    let mut left = capacity.max(0.0);
+    while !active.is_empty() && left > 1e-12 {
+        let w: f64 = active.iter().map(|&i| weights[i]).sum();
+        let per = left / w;
+        // Tenants whose remaining demand is below their slice are satisfied this round.
+        let (done, rest): (Vec<usize>, Vec<usize>) =
+            active.iter().partition(|&&i| demands[i] - alloc[i] <= per * weights[i] + 1e-12);
+        if done.is_empty() {
+            for &i in &active {
+                alloc[i] += per * weights[i];
+            }
+            break;
+        }
+        for &i in &done {
+            left -= demands[i] - alloc[i];
+            alloc[i] = demands[i];
+        }
+        active = rest;
+    }
+    alloc
 }
 
 /// Jain's fairness index of allocations (1 = perfectly even, 1/n = one takes all). Callers pass
@@ -152,6 +182,17 @@ mod tests {
 
     fn claim(tenant: usize, priority: i32, created: i64, n: u32, id: &str) -> Claim {
         Claim { tenant: Some(tenant), priority, created_at: Some(created), demand: gpus(n), id: id.into() }
+    }
+
+    #[test]
+    fn water_filling() {
+        let a = max_min_fair(10.0, &[2.0, 8.0, 8.0], &[1.0, 1.0, 2.0]);
+        // 2 is satisfied; 8 left split 1:2.
+        assert!(
+            (a[0] - 2.0).abs() < 1e-9 && (a[1] - 8.0 / 3.0).abs() < 1e-9 && (a[2] - 16.0 / 3.0).abs() < 1e-9,
+            "{a:?}"
+        );
+        assert_eq!(max_min_fair(10.0, &[1.0, 2.0], &[1.0, 1.0]), vec![1.0, 2.0]);
     }
 
     #[test]
