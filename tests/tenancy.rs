@@ -370,3 +370,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_example_config_plans_the_example_cluster_and_its_budget_binds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cfg = gpuscale::config::GpuscaleConfig::load(&root.join("examples/gpuscale.yaml")).unwrap();
+    let loaded =
+        gpuscale::k8s::load_snapshot(&root.join("examples/snapshots/mixed-gpu-cluster.json")).unwrap();
+    let groups = config::ProviderConfig::embedded_default().unwrap().node_groups();
+    let run = |cfg: &gpuscale::config::GpuscaleConfig| {
+        let settings = PlannerSettings { tenancy: cfg.tenancy.clone(), ..cfg.planner.clone() };
+        planner::plan(
+            &PlanInput { snapshot: loaded.snapshot.clone(), groups: groups.clone(), ..Default::default() },
+            &settings,
+        )
+    };
+    let p = run(&cfg);
+    assert_eq!(p.scale_ups.len(), 1, "{}", p.to_table());
+    assert_eq!(p.scale_ups[0].pods.len(), 4);
+    // research's share of its running nodes plus four p5 exceed a $150/h cap: no scale-up.
+    cfg.tenancy.as_mut().unwrap().tenants[0].budget_per_hour = Some(150.0);
+    let p = run(&cfg);
+    assert!(p.scale_ups.is_empty(), "{}", p.to_table());
+    let why = reason(&p, "ml-train/gpt-pretrain-worker-0");
+    assert!(why.contains("tenant research: +$220.16/h would exceed its budget cap $150.00/h"), "{why}");
+}
