@@ -417,7 +417,7 @@ fn replay(
     let total_gpu: f64 = gpu_ms.iter().sum::<f64>().max(1e-9);
     let total_contended: f64 = contended_ms.iter().sum::<f64>();
     let total_fair: f64 = fair_ms.iter().sum::<f64>();
-    let nominal_total: f64 = tenants.tenants.iter().map(|t| nominal_gpus(t)).sum::<f64>().max(1e-9);
+    let nominal_total: f64 = tenants.tenants.iter().map(nominal_gpus).sum::<f64>().max(1e-9);
     let mut outcomes = Vec::new();
     for (k, t) in tenants.tenants.iter().enumerate() {
         let mine: Vec<usize> = (0..pods.len()).filter(|&i| pods[i].tenant == k).collect();
