@@ -395,3 +395,40 @@ fn the_example_config_plans_the_example_cluster_and_its_budget_binds() {
     let why = reason(&p, "ml-train/gpt-pretrain-worker-0");
     assert!(why.contains("tenant research: +$220.16/h would exceed its budget cap $150.00/h"), "{why}");
 }
+
+#[test]
+fn a_volcano_gang_with_its_podgroup_and_a_kueue_topology_request_lands_in_one_clique() {
+    let mut docs = String::from(
+        "apiVersion: scheduling.volcano.sh/v1beta1\nkind: PodGroup\nmetadata: {name: train, namespace: ml}\nspec: {minMember: 3}\n",
+    );
+    for i in 0..4 {
+        docs.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: train-{i}\n  namespace: ml\n  annotations:\n    scheduling.k8s.io/group-name: train\n    kueue.x-k8s.io/podset-required-topology: nvidia.com/gpu.clique\nspec:\n  tolerations: [{{operator: Exists}}]\n  containers:\n    - name: c\n      resources:\n        requests: {{cpu: '4', memory: 4Gi, nvidia.com/gpu: '8'}}\n        limits: {{nvidia.com/gpu: '8'}}\nstatus: {{phase: Pending}}\n"
+        ));
+    }
+    let objects = gpuscale::k8s::parse_text(Path::new("gang.yaml"), &docs).unwrap();
+    let loaded = gpuscale::k8s::convert(&objects).unwrap();
+    let w = &loaded.snapshot.workloads;
+    assert_eq!(w.len(), 4);
+    assert!(
+        w.iter().all(|w| w.gang.as_deref() == Some("ml/train") && w.gang_min_members == Some(3)),
+        "{w:?}"
+    );
+    assert!(w.iter().all(|w| w.gang_topology_key.as_deref() == Some("nvidia.com/gpu.clique")));
+
+    // Cliques of 2 and 3 nodes: the gang's minimum of 3 lands in the 3-node clique, the fourth
+    // member waits; nothing is scaled for a partial domain.
+    let mut g = only(groups(), &["h100-b"]);
+    let nodes: Vec<Node> = (0..5)
+        .map(|i| {
+            let mut n = node_of(&mut g, "h100-b", &format!("n{i}"));
+            n.labels.insert("nvidia.com/gpu.clique".into(), if i < 2 { "c1" } else { "c2" }.into());
+            n
+        })
+        .collect();
+    g[0].max_size = g[0].target_size; // no room to grow
+    let p = plan(ClusterSnapshot { nodes, workloads: w.clone(), ..Default::default() }, g, None);
+    let on: Vec<&str> = p.placements.iter().map(|x| x.node.as_str()).collect();
+    assert_eq!(on.len(), 3, "{}", p.to_table());
+    assert!(on.iter().all(|n| ["n2", "n3", "n4"].contains(n)), "{on:?}");
+}

@@ -31,6 +31,7 @@ fn check_invariants(r: &TenantSimResult) {
         assert_eq!(m.tenants.iter().map(|t| t.preempted).sum::<usize>(), m.preemptions);
     }
     assert_eq!(r.fifo.preemptions, 0, "FIFO never preempts");
+    assert_eq!(r.tenancy.quota_violations, 0, "tenancy never exceeds quota beyond allowed borrowing");
 }
 
 #[test]

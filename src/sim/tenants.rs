@@ -88,6 +88,9 @@ pub struct ModeOutcome {
     pub preemptions: usize,
     /// Pods that never started.
     pub never_started: usize,
+    /// Scheduling passes after which some tenant exceeded nominal + allowed borrowing (always 0
+    /// with tenancy; FIFO ignores quotas).
+    pub quota_violations: usize,
     /// Average GPU allocation, % of the cluster's GPUs.
     pub gpu_utilization_pct: f64,
     /// Per tenant.
@@ -237,6 +240,7 @@ fn replay(
     let mut dirty = true; // capacity or quota freed since the last pass
     let mut preempted = vec![0usize; n_t];
     let mut preemptions = 0usize;
+    let mut quota_violations = 0usize;
     let mut last = pods.iter().map(|p| p.arrival).min().unwrap_or(0);
     let start = last;
 
@@ -396,6 +400,9 @@ fn replay(
         }
         let started: HashSet<usize> = started_now.into_iter().collect();
         pending.retain(|i| !started.contains(i));
+        if ledger.violation(tenants).is_some() {
+            quota_violations += 1;
+        }
     }
     let horizon = (end.max(last) - start) as f64;
     // Pods still running at the end keep counting until the end.
@@ -454,6 +461,7 @@ fn replay(
         p95_wait_s: percentile(&mut all, 0.95),
         preemptions,
         never_started: state.iter().filter(|s| s.started.is_none()).count(),
+        quota_violations,
         gpu_utilization_pct: if horizon > 0.0 && cluster_milli > 0 {
             100.0 * total_gpu / (cluster_milli as f64 * horizon)
         } else {
