@@ -372,18 +372,23 @@ impl Ledger {
                 result = Admission::NeedsReclaim { kind: kind.clone(), amount: borrowed - lendable };
                 continue;
             }
-            let cohort =
-                t.cohort.as_deref().map_or_else(|| "it has no cohort".into(), |c| format!("cohort {c}"));
-            return Admission::Exceeds {
-                reason: format!(
-                    "tenant {}: {kind} quota: using {} + {} exceeds nominal {} and {cohort} has {} unused quota to lend",
+            let (used_now, asked, nominal) = (
+                kind.display_amount(self.used(tenant, kind)),
+                kind.display_amount(d),
+                kind.display_amount(q.nominal),
+            );
+            let reason = match t.cohort.as_deref() {
+                None => format!(
+                    "tenant {}: {kind} quota: using {used_now} + {asked} exceeds nominal {nominal} (no cohort to borrow from)",
+                    t.name
+                ),
+                Some(c) => format!(
+                    "tenant {}: {kind} quota: using {used_now} + {asked} exceeds nominal {nominal} and cohort {c} has {} unused quota to lend",
                     t.name,
-                    kind.display_amount(self.used(tenant, kind)),
-                    kind.display_amount(d),
-                    kind.display_amount(q.nominal),
                     kind.display_amount(lendable.saturating_sub(borrowed - borrow.min(borrowed)))
                 ),
             };
+            return Admission::Exceeds { reason };
         }
         result
     }
@@ -487,6 +492,12 @@ tenants:
         assert_eq!(l.check(&t, 0, &u), Admission::Fits);
         let Admission::Exceeds { reason } = l.check(&t, 0, &gpus(1)) else { panic!() };
         assert!(reason.contains("no quota for nvidia.com/gpu"), "{reason}");
+        let three = usage_of(
+            &Workload { gpu: GpuDemand::Mig { profile: "3g.20gb".into(), count: 3 }, ..mig.clone() },
+            None,
+        );
+        let Admission::Exceeds { reason } = l.check(&t, 0, &three) else { panic!() };
+        assert!(reason.contains("using 0 + 3 exceeds nominal 2 (no cohort to borrow from)"), "{reason}");
         let mut trainer = mig.clone();
         trainer.labels.insert(WORKLOAD_CLASS_LABEL.into(), "training".into());
         let e = t.check_class(Some(0), &trainer).unwrap_err();
