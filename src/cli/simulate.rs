@@ -31,13 +31,13 @@ pub struct SimulateArgs {
     /// with a `tenancy:` section (pods are spread over its tenants the same way). Replays arrivals
     /// and departures on the fixed `--nodes` with quotas, fair share and preemption, and in plain
     /// FIFO without quotas, and compares them.
-    #[arg(long, value_name = "N|CONFIG")]
+    #[arg(long, value_name = "N|CONFIG", conflicts_with = "autoscale")]
     tenants: Option<String>,
     /// With `--tenants`: divide arrival times by this (durations unchanged) to raise contention.
     #[arg(long, default_value_t = 1.0)]
     arrival_speedup: f64,
     /// With `--tenants`: use a seeded subset of the nodes with about this many GPUs.
-    #[arg(long)]
+    #[arg(long, requires = "tenants")]
     cluster_gpus: Option<u64>,
     /// Pod list CSV (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,...]`).
     #[arg(long)]
