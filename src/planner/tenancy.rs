@@ -171,7 +171,6 @@ impl Gate {
     /// For a single-pod unit that found no room (or needs quota reclaimed), plans evictions when
     /// they beat the scale-up alternative. On `Some`, the victims are removed from the placer and
     /// the pod is placed where they were.
-    #[allow(clippy::too_many_arguments)]
     pub fn preempt(
         &mut self,
         placer: &mut Placer<'_>,
@@ -184,6 +183,29 @@ impl Gate {
         if !self.tenants.config.preemption.enabled || unit.pods.len() != 1 {
             return None;
         }
+        // An admitted unit's quota is already charged; victims are sought as if it were not.
+        let demand = usage_of(&input.snapshot.workloads[unit.pods[0]], None);
+        let charged = if reclaim { None } else { self.unit_tenant(unit) };
+        if let Some(t) = charged {
+            self.ledger.release(t, &demand);
+        }
+        let planned = self.plan_preemption(placer, info, input, groups, unit, reclaim);
+        if let (Some(t), None) = (charged, &planned) {
+            self.ledger.charge(t, &demand);
+        }
+        planned
+    }
+
+    /// [`Gate::preempt`] with the unit's own quota not charged; charges it on success.
+    fn plan_preemption(
+        &mut self,
+        placer: &mut Placer<'_>,
+        info: &mut [NodeInfo],
+        input: &PlanInput,
+        groups: &[NodeGroup],
+        unit: &Unit,
+        reclaim: bool,
+    ) -> Option<Preempt> {
         let workloads = &input.snapshot.workloads;
         let wi = unit.pods[0];
         let w = &workloads[wi];
@@ -252,7 +274,19 @@ impl Gate {
                 self.ledger.release(t, &r.usage);
             }
         }
-        let placed = placer.place_where(w, &|n| n == victims.node).ok()?;
+        let Ok(placed) = placer.place_where(w, &|n| n == victims.node) else {
+            // The policy refused the node after all: undo the evictions.
+            for &v in &victims.victims {
+                let r = &running[v];
+                placer
+                    .commit(&workloads[r.workload], &Placement { node: r.node, devices: r.devices.clone() });
+                info[r.node].pods.push((r.workload, r.devices.clone()));
+                if let Some(t) = r.tenant {
+                    self.ledger.charge(t, &r.usage);
+                }
+            }
+            return None;
+        };
         if let Some(t) = claimant.tenant {
             self.ledger.charge(t, &demand);
         }
