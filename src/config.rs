@@ -17,6 +17,8 @@ pub struct GpuscaleConfig {
     pub planner: PlannerSettings,
     /// How agent telemetry is used: idle window, maximum age.
     pub telemetry: crate::model::TelemetrySettings,
+    /// Tenants, cohorts, GPU quotas, fair sharing and preemption (absent: no multi-tenancy).
+    pub tenancy: Option<crate::tenancy::TenancyConfig>,
 }
 
 impl GpuscaleConfig {
@@ -38,6 +40,9 @@ impl GpuscaleConfig {
             return Ok(Self::default());
         }
         let config: Self = serde_yaml::from_value(value).map_err(yaml_err)?;
+        if let Some(tenancy) = &config.tenancy {
+            tenancy.validate(path)?;
+        }
         let utilization = config.planner.scale_down_utilization;
         if !(0.0..=1.0).contains(&utilization) {
             return Err(ConfigError::Invalid {

@@ -19,4 +19,5 @@ pub mod planner;
 pub mod providers;
 pub mod scheduler;
 pub mod sim;
+pub mod tenancy;
 pub mod trace;

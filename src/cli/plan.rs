@@ -77,6 +77,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         PlanInput { snapshot: loaded.snapshot, groups: providers.node_groups(), ..Default::default() };
     let mut settings: PlannerSettings = settings_file.planner;
     settings.telemetry = settings_file.telemetry;
+    settings.tenancy = settings_file.tenancy;
+    settings.now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs() as i64);
     if let Some(policy) = args.policy {
         settings.policy = policy;
     }

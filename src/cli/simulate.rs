@@ -26,6 +26,19 @@ pub struct SimulateArgs {
     autoscale: bool,
     #[command(flatten)]
     autoscale_args: Box<super::autoscale::AutoscaleArgs>,
+    /// Multi-tenant replay instead: a number of tenants to derive from the trace (seeded hash of
+    /// pod names; weights 1,2,3,...; nominal GPU quotas summing to the cluster), or a config file
+    /// with a `tenancy:` section (pods are spread over its tenants the same way). Replays arrivals
+    /// and departures on the fixed `--nodes` with quotas, fair share and preemption, and in plain
+    /// FIFO without quotas, and compares them.
+    #[arg(long, value_name = "N|CONFIG", conflicts_with = "autoscale")]
+    tenants: Option<String>,
+    /// With `--tenants`: divide arrival times by this (durations unchanged) to raise contention.
+    #[arg(long, default_value_t = 1.0)]
+    arrival_speedup: f64,
+    /// With `--tenants`: use a seeded subset of the nodes with about this many GPUs.
+    #[arg(long, requires = "tenants")]
+    cluster_gpus: Option<u64>,
     /// Pod list CSV (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,...]`).
     #[arg(long)]
     pods: PathBuf,
@@ -111,6 +124,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         return super::autoscale::run(&args.pods, args.seed, args.out.as_deref(), json, &args.autoscale_args);
     }
     let nodes_path = args.nodes.clone().context("--nodes is required without --autoscale")?;
+    if let Some(spec) = &args.tenants {
+        return run_tenants(&args, spec, &nodes_path);
+    }
     if !(args.inflate > 0.0 && args.inflate <= 10.0) {
         bail!("--inflate: {} is out of range (0, 10]", args.inflate);
     }
@@ -282,4 +298,139 @@ fn write_outputs(out: &PathBuf, summaries: &[PolicySummary], inflate: f64) -> an
         (0.0, inflate * 100.0),
         &series,
     )
+}
+
+/// `--tenants`: the multi-tenant replay, tenancy vs FIFO.
+fn run_tenants(args: &SimulateArgs, spec: &str, nodes_path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use gpuscale::sim::tenants::{self, TenantSimConfig};
+    if !(args.arrival_speedup > 0.0 && args.arrival_speedup.is_finite()) {
+        bail!("--arrival-speedup: {} must be a positive number", args.arrival_speedup);
+    }
+    let policy = match parse_policies(&args.policy)?.as_slice() {
+        [one] => *one,
+        _ => bail!("--tenants replays one placement policy; give one --policy"),
+    };
+    let all_nodes = openb::read_nodes(nodes_path)?;
+    let nodes = tenants::subset(&all_nodes, args.cluster_gpus, args.seed);
+    let gpus: u64 = nodes.iter().map(|n| n.gpus.len() as u64).sum();
+    if gpus == 0 {
+        bail!("{}: the node list has no GPUs", nodes_path.display());
+    }
+    let trace = openb::read_pods(&args.pods)?;
+    let config = match spec.parse::<usize>() {
+        Ok(0) => bail!("--tenants: need at least one tenant"),
+        Ok(n) => tenants::derive_tenants(n, gpus),
+        Err(_) => {
+            let path = PathBuf::from(spec);
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("--tenants: reading {spec}"))?;
+            let c = gpuscale::tenancy::TenancyConfig::parse(&path, &text)?;
+            if c.tenants.is_empty() {
+                bail!("{spec}: tenancy.tenants is empty");
+            }
+            c
+        }
+    };
+    let assignment = tenants::assign(&trace, config.tenants.len(), args.seed);
+    let cfg = TenantSimConfig {
+        seed: args.seed,
+        arrival_speedup: args.arrival_speedup,
+        cluster_gpus: args.cluster_gpus,
+        policy,
+    };
+    let result = tenants::run(&nodes, &trace, &config, &assignment, &cfg);
+    match args.output {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+        Format::Table => print_tenants(&result),
+    }
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let csv_path = out.join("tenants.csv");
+        let mut csv = std::io::BufWriter::new(
+            std::fs::File::create(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?,
+        );
+        writeln!(
+            csv,
+            "mode,tenant,weight,entitlement,gpu_share,contended_share,fair_share,gpu_hours,pods,never_started,p50_wait_s,p95_wait_s,preempted"
+        )?;
+        for m in [&result.tenancy, &result.fifo] {
+            for t in &m.tenants {
+                writeln!(
+                    csv,
+                    "{},{},{},{:.4},{:.4},{:.4},{:.4},{:.2},{},{},{},{},{}",
+                    m.mode,
+                    t.tenant,
+                    t.weight,
+                    t.entitlement,
+                    t.gpu_share,
+                    t.contended_share,
+                    t.fair_share,
+                    t.gpu_hours,
+                    t.pods,
+                    t.never_started,
+                    t.p50_wait_s,
+                    t.p95_wait_s,
+                    t.preempted
+                )?;
+            }
+        }
+        csv.flush()?;
+        let json_path = out.join("summary.json");
+        std::fs::write(&json_path, serde_json::to_vec_pretty(&result)?)
+            .with_context(|| format!("writing {}", json_path.display()))?;
+        eprintln!("wrote {0}/tenants.csv and {0}/summary.json", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_tenants(r: &gpuscale::sim::tenants::TenantSimResult) {
+    println!(
+        "{} pods on {} nodes ({} GPUs), {} s replayed, seed {}",
+        r.pods, r.nodes, r.gpus, r.horizon_s, r.seed
+    );
+    println!(
+        "{:<8} {:>7} {:>9} {:>10} {:>10} {:>11} {:>13} {:>9}",
+        "MODE", "JAIN", "JAIN(ENT)", "P50 WAIT", "P95 WAIT", "PREEMPTIONS", "NEVER STARTED", "GPU UTIL"
+    );
+    for m in [&r.tenancy, &r.fifo] {
+        println!(
+            "{:<8} {:>7.3} {:>9.3} {:>9.0}s {:>9.0}s {:>11} {:>13} {:>8.1}%",
+            m.mode,
+            m.jain_index,
+            m.jain_vs_entitlement,
+            m.p50_wait_s,
+            m.p95_wait_s,
+            m.preemptions,
+            m.never_started,
+            m.gpu_utilization_pct
+        );
+    }
+    println!(
+        "\n{:<8} {:<12} {:>6} {:>11} {:>15} {:>11} {:>10} {:>10} {:>10}",
+        "MODE",
+        "TENANT",
+        "WEIGHT",
+        "ENTITLED",
+        "SHARE(CONTEND)",
+        "FAIR SHARE",
+        "P50 WAIT",
+        "P95 WAIT",
+        "PREEMPTED"
+    );
+    for m in [&r.tenancy, &r.fifo] {
+        for t in &m.tenants {
+            println!(
+                "{:<8} {:<12} {:>6} {:>10.1}% {:>14.1}% {:>10.1}% {:>9.0}s {:>9.0}s {:>10}",
+                m.mode,
+                t.tenant,
+                t.weight,
+                t.entitlement * 100.0,
+                t.contended_share * 100.0,
+                t.fair_share * 100.0,
+                t.p50_wait_s,
+                t.p95_wait_s,
+                t.preempted
+            );
+        }
+    }
 }

@@ -524,7 +524,10 @@ pub fn convert_pod(
         owner: owner_kind(meta),
         eviction_blocked,
         gang_min_members,
-        gang_topology_key: annotations.get("gpuscale.io/gang-topology").cloned(),
+        gang_topology_key: annotations
+            .get("gpuscale.io/gang-topology")
+            .or_else(|| annotations.get("kueue.x-k8s.io/podset-required-topology"))
+            .cloned(),
         created_at: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         devices: None,
         reclaim_idle: is("gpuscale.io/reclaim-idle", "true"),

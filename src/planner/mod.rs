@@ -13,9 +13,11 @@ mod mig_advice;
 mod plan;
 mod scale_down;
 mod scale_up;
+mod tenancy;
 
 pub use plan::{
-    IdleGpu, Kept, MigRepartition, PendingPlacement, Plan, Replace, ScaleDown, ScaleUp, Unschedulable,
+    IdleGpu, Kept, MigRepartition, PendingPlacement, Plan, Preempt, Replace, ScaleDown, ScaleUp,
+    Unschedulable,
 };
 
 use crate::model::{ClusterSnapshot, NodeGroup, Workload};
@@ -60,6 +62,13 @@ pub struct PlannerSettings {
     /// caller).
     #[serde(skip)]
     pub telemetry: crate::model::TelemetrySettings,
+    /// Tenants and quotas (the config file's `tenancy:` section, set by the caller).
+    #[serde(skip)]
+    pub tenancy: Option<crate::tenancy::TenancyConfig>,
+    /// Planning time in seconds since the epoch, for waiting time and work lost (default: the
+    /// newest pod creation time in the snapshot).
+    #[serde(skip)]
+    pub now: Option<i64>,
 }
 
 impl Default for PlannerSettings {
@@ -73,6 +82,8 @@ impl Default for PlannerSettings {
             max_new_nodes: 1000,
             max_disruptions: 50,
             telemetry: Default::default(),
+            tenancy: None,
+            now: None,
         }
     }
 }
@@ -141,9 +152,20 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         cluster::build(snapshot, &groups, policy.as_ref(), settings.seed, &mut out.warnings);
     out.cost_before = groups.iter().map(|g| u64::from(g.target_size) * g.price).sum();
 
+    // 0. Tenancy: fair-share order, quota and workload-class admission.
+    let mut gate = settings.tenancy.as_ref().map(|c| tenancy::Gate::new(c, snapshot, &groups, settings.now));
+    let mut units = pending_units(&snapshot.workloads);
+    let mut reclaim = Vec::new();
+    if let Some(g) = gate.as_mut() {
+        let gpu_milli = snapshot.nodes.iter().map(|n| n.gpu_milli_capacity()).sum();
+        (units, reclaim) = g.admit(&snapshot.workloads, units, gpu_milli, &mut out.unschedulable);
+    }
+    // Pods held back by quota wait for quota, not capacity: they do not block scale-down.
+    let held = out.unschedulable.len();
+
     // 1. Pending pods onto existing and in-flight capacity.
     let mut unplaced: Vec<Unit> = Vec::new();
-    for unit in pending_units(&snapshot.workloads) {
+    for unit in units {
         match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, &|_| true) {
             Some(placed) => {
                 // A gang whose minimum is placed: its other members scale like single pods.
@@ -158,19 +180,52 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         }
     }
 
+    // 1b. Preemption: evict when cheaper than scaling up, and reclaim lent quota.
+    if let Some(g) = gate.as_mut() {
+        for unit in reclaim {
+            if g.preempt(&mut placer, &mut info, input, &groups, &unit, true)
+                .map(|p| out.preemptions.push(p))
+                .is_none()
+            {
+                for &wi in &unit.pods {
+                    out.unschedulable.push(Unschedulable {
+                        pod: snapshot.workloads[wi].id.clone(),
+                        reason: "within its tenant's nominal quota, which borrowers hold; no allowed victims to reclaim it from".into(),
+                    });
+                }
+            }
+        }
+        let mut rest = Vec::new();
+        for unit in unplaced {
+            match g.preempt(&mut placer, &mut info, input, &groups, &unit, false) {
+                Some(p) => out.preemptions.push(p),
+                None => rest.push(unit),
+            }
+        }
+        unplaced = rest;
+    }
+
     // 2. MIG re-partitioning of idle GPUs instead of new nodes, then scale-up for the rest.
     let advice = mig_advice::advise(&mut placer, &mut info, input, &groups, unplaced);
     out.mig_repartitions = advice.repartitions;
     let unplaced = advice.remaining;
-    let ups = scale_up::plan(&mut placer, &mut info, input, &groups, &unplaced, settings.max_new_nodes);
-    out.unschedulable = ups.unschedulable;
+    let ups = scale_up::plan(
+        &mut placer,
+        &mut info,
+        input,
+        &groups,
+        &unplaced,
+        settings.max_new_nodes,
+        gate.as_mut(),
+    );
+    out.unschedulable.extend(ups.unschedulable);
     out.scale_ups = ups.scale_ups;
 
     // 3. Scale-down and consolidation, only when nothing waits for new capacity.
     let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry);
     out.idle_gpus = idle.idle;
     if settings.scale_down {
-        let waiting: BTreeSet<&str> = out.unschedulable.iter().map(|u| u.pod.as_str()).collect();
+        let waiting: BTreeSet<&str> = out.unschedulable[held..].iter().map(|u| u.pod.as_str()).collect();
         let busy = !waiting.is_empty() || !out.scale_ups.is_empty();
         let downs =
             scale_down::plan(&mut placer, &mut info, input, &groups, settings, busy, &idle.reclaimable);

@@ -79,6 +79,22 @@ pub struct Unschedulable {
     pub reason: String,
 }
 
+/// Evict lower-priority or borrowing pods so that a pending pod runs now instead of waiting for
+/// (or paying for) a scale-up.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Preempt {
+    /// Pending pod `namespace/name`.
+    pub pod: String,
+    /// Node it runs on once the victims are gone.
+    pub node: String,
+    /// Pods to evict.
+    pub victims: Vec<String>,
+    /// Why eviction and not scale-up (costs compared), or why reclaim.
+    pub reason: String,
+    /// $/h of the scale-up alternative, when there was one.
+    pub alternative_cost: Option<MicroDollarsPerHour>,
+}
+
 /// A node that stays although it is under-used, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Kept {
@@ -144,6 +160,9 @@ pub struct Plan {
     pub replacements: Vec<Replace>,
     /// Pending pods nothing can serve.
     pub unschedulable: Vec<Unschedulable>,
+    /// Evictions that make room for higher-priority or reclaiming pods.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preemptions: Vec<Preempt>,
     /// Under-used nodes that stay, with the reason.
     pub kept: Vec<Kept>,
     /// MIG re-partitions that serve pending pods instead of a scale-up.
@@ -252,6 +271,17 @@ impl Plan {
                 }
             }
         }
+        for p in &self.preemptions {
+            let _ = writeln!(
+                out,
+                "PREEMPT       {:<28} on {} evicting {}{}\n              reason: {}",
+                p.pod,
+                p.node,
+                list(&p.victims),
+                p.alternative_cost.map(|c| format!(" (scale-up alternative {})", usd(c))).unwrap_or_default(),
+                p.reason
+            );
+        }
         for p in &self.placements {
             let _ = writeln!(
                 out,
@@ -286,6 +316,7 @@ impl Plan {
             && self.placements.is_empty()
             && self.unschedulable.is_empty()
             && self.mig_repartitions.is_empty()
+            && self.preemptions.is_empty()
         {
             let _ = writeln!(out, "nothing to do");
         }

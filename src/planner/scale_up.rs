@@ -102,7 +102,7 @@ fn dominant_share(w: &Workload, template: &Node) -> f64 {
 }
 
 /// Whether a pod could run on an empty node of the group, and if not why.
-fn template_fit(group: &NodeGroup, w: &Workload) -> Result<(), fit::Unfit> {
+pub(crate) fn template_fit(group: &NodeGroup, w: &Workload) -> Result<(), fit::Unfit> {
     let node = template_node(group, String::new(), NodeState::Ready);
     fit::candidates(&node, w).map(|_| ())
 }
@@ -149,6 +149,7 @@ pub(crate) fn plan(
     groups: &[NodeGroup],
     units: &[Unit],
     max_new_nodes: u32,
+    mut gate: Option<&mut super::tenancy::Gate>,
 ) -> ScaleUps {
     let workloads = &input.snapshot.workloads;
     let mut added = vec![0u32; groups.len()];
@@ -225,6 +226,10 @@ pub(crate) fn plan(
                 (1, fitted.iter().map(|&i| standalone(lookahead[i])).sum::<f64>())
             };
             let cost = g.price.saturating_mul(u64::from(nodes));
+            if let Some(Err(reason)) = gate.as_deref().map(|t| t.check_budget(unit, cost)) {
+                why_not.push(format!("{name}: {reason}"));
+                continue;
+            }
             let ratio = if value > 0.0 { cost as f64 / value } else { f64::INFINITY };
             let better = match best {
                 None => true,
@@ -263,6 +268,9 @@ pub(crate) fn plan(
                 report_left_over(unit, &placed, workloads, &mut unschedulable);
                 added[gi] += nodes;
                 total_new += nodes;
+                if let Some(t) = gate.as_deref_mut() {
+                    t.charge_budget(unit, g.price.saturating_mul(u64::from(nodes)));
+                }
                 for (wi, p) in placed {
                     pods_for.entry(gi).or_default().push(workloads[wi].id.clone());
                     info[p.node].pods.push((wi, p.devices));

@@ -3,3 +3,4 @@
 pub mod autoscale;
 pub mod inflation;
 pub mod synthetic;
+pub mod tenants;
