@@ -797,3 +797,48 @@ async fn events_written_through_either_api_are_one_store() {
     assert_eq!(stored[0]["regarding"]["name"], "n1");
     assert_eq!(server.list("Event", Some("default"))[0]["involvedObject"]["name"], "n1");
 }
+
+#[tokio::test]
+async fn dry_run_keeps_nothing_and_eviction_delete_options_are_dropped_like_the_real_server() {
+    let server = FakeApiServer::start_with(Settings {
+        graceful_pod_deletion: true,
+        max_grace_period: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    server.create(pod("default", "d1", json!({"app": "train"}), Some("n1")));
+    server.set_pod_phase("default", "d1", "Running");
+    server.create(pdb("train", json!(1)));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let dry = EvictParams {
+        post_options: PostParams { dry_run: true, ..Default::default() },
+        ..Default::default()
+    };
+    assert_eq!(
+        api_code(&pods.evict("d1", &dry).await.unwrap_err()).0,
+        429,
+        "a dry run answers the real refusal"
+    );
+    server.create(pod("default", "d2", json!({"app": "train"}), Some("n1")));
+    server.set_pod_phase("default", "d2", "Running");
+    let rv = server.resource_version();
+    pods.evict("d1", &dry).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dry"}})).unwrap();
+    cms.create(&PostParams { dry_run: true, ..Default::default() }, &cm).await.unwrap();
+    assert_eq!(server.resource_version(), rv, "dry runs write nothing");
+    assert!(server.get("pod", "default", "d1").unwrap()["metadata"]["deletionTimestamp"].is_null());
+    assert!(server.get("configmap", "default", "dry").is_none());
+
+    // kube 5 serializes EvictParams::delete_options as `delete_options`; the API server does
+    // not know that field and drops it, so the pod gets its own grace period, not 0.
+    let ep = EvictParams {
+        delete_options: Some(DeleteParams { grace_period_seconds: Some(0), ..Default::default() }),
+        ..Default::default()
+    };
+    pods.evict("d1", &ep).await.unwrap();
+    let d1 = server.get("pod", "default", "d1").expect("terminating, not gone");
+    assert_eq!(d1["metadata"]["deletionGracePeriodSeconds"], 30);
+    let sent = server.requests().into_iter().rev().find(|r| r.path.ends_with("/d1/eviction")).unwrap();
+    assert!(sent.body.contains("delete_options"), "{}", sent.body);
+}

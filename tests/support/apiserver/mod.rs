@@ -59,6 +59,7 @@
 //!   deprecated* fields), so an event written through one API is visible through the other.
 //! - Deleting a Node deletes its pods (pod garbage collection, `Settings::gc_pods_of_deleted_nodes`);
 //!   deleting a Namespace deletes its contents.
+//! - `dryRun=All` on every write: the real answer (errors included), nothing kept or watched.
 //! - pods/eviction with the real checks and the 429 `TooManyRequests` refusal, and PDB status
 //!   maintained like the disruption controller does, synchronously on every pod/PDB change.
 //!

@@ -267,6 +267,7 @@ pub struct Scheduled {
     pub after: Duration,
 }
 
+#[derive(Clone)]
 struct Snapshot {
     rv: u64,
     items: Vec<Value>,
@@ -434,6 +435,31 @@ impl Store {
                 .expect("initial namespace");
         }
         s
+    }
+
+    /// A copy of the data for a dry run: writes to it are answered but not kept, watched or
+    /// timed.
+    pub fn scratch_copy(&self) -> Store {
+        Store {
+            settings: self.settings.clone(),
+            rv: self.rv,
+            objects: self.objects.clone(),
+            history: VecDeque::new(),
+            compacted: self.compacted,
+            uid_seq: self.uid_seq,
+            name_seq: self.name_seq,
+            continues: BTreeMap::new(),
+            continue_seq: self.continue_seq,
+            applied: self.applied.clone(),
+            faults: Vec::new(),
+            requests: Vec::new(),
+            watch_epoch: self.watch_epoch,
+            active_watches: 0,
+            expired_watches: 0,
+            closed: false,
+            scheduled: Vec::new(),
+            notify: tokio::sync::watch::channel(self.rv).0,
+        }
     }
 
     /// The stored object, as `res` serves it.
@@ -840,7 +866,8 @@ impl Store {
                         rk.kind
                     )));
                 }
-                let key = (res, ns.to_string(), name.to_string(), manager.to_string());
+                // Main resource and status are applied separately.
+                let key = (res, ns.to_string(), name.to_string(), format!("{manager}/{sub:?}"));
                 match self.get(res, ns, name) {
                     None => {
                         if sub == Sub::Status {
