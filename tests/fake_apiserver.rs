@@ -842,3 +842,18 @@ async fn dry_run_keeps_nothing_and_eviction_delete_options_are_dropped_like_the_
     let sent = server.requests().into_iter().rev().find(|r| r.path.ends_with("/d1/eviction")).unwrap();
     assert!(sent.body.contains("delete_options"), "{}", sent.body);
 }
+
+#[tokio::test]
+async fn the_production_client_retries_transient_errors_inside_kube() {
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    server.fail_next("GET", "/api/v1/nodes/n1", 503, 2);
+    let nodes: Api<Node> = Api::all(server.client_with_retries());
+    assert_eq!(nodes.get("n1").await.unwrap().name_any(), "n1");
+    let statuses: Vec<u16> = server.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [503, 503, 200], "kube's default retry hides two 503s");
+    // The test client does not retry: the caller sees the error.
+    server.fail_next("GET", "/api/v1/nodes/n1", 503, 1);
+    let plain: Api<Node> = Api::all(server.client());
+    assert_eq!(api_code(&plain.get("n1").await.unwrap_err()).0, 503);
+}

@@ -340,6 +340,16 @@ impl FakeApiServer {
         kube::Client::try_from(self.config()).expect("fake apiserver: building a kube client")
     }
 
+    /// A client as `kube::Client::try_default()` builds it for the controller: kube's default
+    /// retry of 429/503/504 on (up to 15 attempts with exponential backoff from 5 ms, or the
+    /// server's Retry-After when longer). Use it to test what production sees, e.g. that a PDB
+    /// refusal (429, Retry-After 10 s) is retried inside the client before the caller sees it.
+    pub fn client_with_retries(&self) -> kube::Client {
+        let mut c = self.config();
+        c.default_retry = true;
+        kube::Client::try_from(c).expect("fake apiserver: building a kube client")
+    }
+
     /// A client that sends an extra header with every request.
     pub fn client_with_header(&self, name: &str, value: &str) -> kube::Client {
         let mut c = self.config();
