@@ -475,14 +475,28 @@ async fn patches_merge_json_strategic_and_apply() {
     let err = nodes.patch("n1", &PatchParams::default(), &Patch::Json::<()>(failing)).await.unwrap_err();
     assert_eq!(api_code(&err).0, 422);
 
-    // Strategic merge of pod containers by name.
-    server.create(pod("default", "p", json!({}), Some("n1")));
+    // Strategic merge of pod containers by name: one image changes, the other container stays.
+    let mut two = pod("default", "p", json!({}), Some("n1"));
+    two["spec"]["containers"] =
+        json!([{"name": "main", "image": "busybox"}, {"name": "side", "image": "envoy"}]);
+    server.create(two);
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    let sidecar = json!({"spec": {"containers": [{"name": "side", "image": "envoy"}, {"name": "main", "image": "busybox:2"}]}});
-    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(sidecar)).await.unwrap();
+    let image = json!({"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}});
+    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(image)).await.unwrap();
     let cs: Vec<(String, Option<String>)> =
         p.spec.unwrap().containers.iter().map(|c| (c.name.clone(), c.image.clone())).collect();
     assert_eq!(cs, [("main".into(), Some("busybox:2".into())), ("side".into(), Some("envoy".into()))]);
+    // Pod specs are otherwise immutable, as on a real server (nodeName goes through binding).
+    let add = json!({"spec": {"containers": [{"name": "extra", "image": "x"}]}});
+    let err = pods.patch("p", &PatchParams::default(), &Patch::Strategic(add)).await.unwrap_err();
+    assert_eq!(api_code(&err), (422, "Invalid".into()));
+    let err = pods
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"spec": {"nodeName": "n2"}})))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&err).0, 422);
+    let tol = json!({"spec": {"tolerations": [{"key": "gpuscale.io/draining", "operator": "Exists"}]}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(tol)).await.unwrap();
 
     // Server-side apply: creates when absent, merges after, and drops what the same manager
     // stopped applying.

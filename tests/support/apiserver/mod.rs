@@ -72,7 +72,9 @@
 //!   manager applied before and now omits are removed; no managedFields, no conflict detection
 //!   between managers (`force` is accepted and has no effect).
 //! - PDB percentages and maxUnavailable count the matching pods, not the owners' scale.
-//! - No admission, no validation beyond names, namespaces, kinds and resourceVersions.
+//! - No admission, no validation beyond names, namespaces, kinds, resourceVersions and the pod
+//!   spec's immutability on update (images, activeDeadlineSeconds, added tolerations and removed
+//!   scheduling gates only; fixtures written through the handle bypass it).
 //! - `resourceVersionMatch=Exact` lists only serve the current resourceVersion.
 
 // Each test crate uses a different part of the handle.

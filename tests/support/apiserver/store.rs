@@ -392,6 +392,56 @@ fn pod_ready(pod: &Value) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
 }
 
+/// The pod update validation of the real server: the spec is immutable except container
+/// images, activeDeadlineSeconds, added tolerations and removed scheduling gates (bind with
+/// pods/binding to set spec.nodeName).
+fn check_pod_update(old: &Value, new: &Value) -> Result<(), String> {
+    let (Some(os), Some(ns)) = (old.get("spec"), new.get("spec")) else {
+        return if old.get("spec") == new.get("spec") { Ok(()) } else { Err(POD_SPEC_FORBIDDEN.into()) };
+    };
+    let mut masked = ns.clone();
+    for list in ["containers", "initContainers"] {
+        let olds = os.get(list).and_then(Value::as_array).cloned().unwrap_or_default();
+        if let Some(Value::Array(items)) = masked.get_mut(list) {
+            if items.len() == olds.len() {
+                for (n, o) in items.iter_mut().zip(&olds) {
+                    n["image"] = o.get("image").cloned().unwrap_or(Value::Null);
+                    if o.get("image").is_none() {
+                        n.as_object_mut().expect("container").remove("image");
+                    }
+                }
+            }
+        }
+    }
+    let m = masked.as_object_mut().ok_or(POD_SPEC_FORBIDDEN)?;
+    let old_tol = os.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_tol = ns.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !old_tol.iter().all(|t| new_tol.contains(t)) {
+        return Err(POD_SPEC_FORBIDDEN.into());
+    }
+    let old_gates = os.get("schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_gates = ns.get("schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !new_gates.iter().all(|g| old_gates.contains(g)) {
+        return Err("spec.schedulingGates: Forbidden: only deletion is allowed".into());
+    }
+    for k in ["tolerations", "activeDeadlineSeconds", "schedulingGates"] {
+        match os.get(k) {
+            Some(v) => m.insert(k.into(), v.clone()),
+            None => m.remove(k),
+        };
+    }
+    if masked == *os {
+        Ok(())
+    } else {
+        Err(POD_SPEC_FORBIDDEN.into())
+    }
+}
+
+const POD_SPEC_FORBIDDEN: &str = "spec: Forbidden: pod updates may not change fields other than \
+     `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,\
+     `spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` \
+     (allow it to be set to 1 if it was previously negative)";
+
 /// An IntOrString of a PDB against `total` pods, rounding up like the disruption controller.
 fn scaled(v: &Value, total: i64) -> Result<i64, String> {
     match v {
@@ -763,6 +813,9 @@ impl Store {
                             o.as_object_mut().expect("object").remove("status");
                         }
                     }
+                }
+                if res == r::PODS && sub == Sub::Main {
+                    check_pod_update(&old, &o).map_err(|why| ApiError::invalid(rk, name, &why))?;
                 }
                 let strip = |v: &Value| {
                     let mut v = v.clone();
