@@ -30,6 +30,30 @@
 //! assert!(server.requests().iter().any(|r| r.replica.as_deref() == Some("a")));
 //! ```
 //!
+//! # The handle
+//!
+//! [`FakeApiServer::start`] / [`FakeApiServer::start_with`] ([`Settings`]), `url()`, `client()`
+//! (no retries), `client_with_retries()` (kube's default retry, like `Client::try_default()`),
+//! `replica_client(id)` / `client_with_header(..)`; fixtures that bypass HTTP: `create`,
+//! `try_create`, `apply`, `get`, `list`, `update`, `delete`, `set_pod_phase`, `set_pod_ready`,
+//! `set_node_ready`; faults: `fail_next`, `inject_fault(Fault::new(..).retry_after(..))`,
+//! `pending_faults`; observation: `requests()` ([`RecordedRequest`]: method, path, query,
+//! content type, replica header, status, body), `resource_version`, `active_watches`,
+//! `expired_watches`, `wait_until`; watch control: `disconnect_watches`, `expire_history`;
+//! `shutdown()` (or drop).
+//!
+//! # Real-server behaviours worth knowing (reproduced here)
+//!
+//! - kube's default client retries 429/503/504 up to 15 times and honours `Retry-After`; an
+//!   eviction refused by a PDB answers 429 with `Retry-After: 10`, so with
+//!   `Client::try_default()` a refused `evict` returns only after minutes of retries.
+//! - kube 5 sends `EvictParams::delete_options` as a `delete_options` field the API server does
+//!   not know: it is dropped (with a `Warning` header), so grace periods and preconditions set
+//!   there have no effect. The pod's own grace period applies.
+//! - Node `spec.taints` is an atomic list: a strategic merge patch carrying one taint replaces
+//!   them all. Read, modify, and write back with the resourceVersion (409 on a race).
+//! - More than one PDB matching a pod makes its eviction fail with 500.
+//!
 //! # What it implements
 //!
 //! - Resources (see `resources.rs`): core/v1 namespaces, nodes, pods, configmaps, events,
