@@ -587,20 +587,48 @@ async fn eviction_respects_pod_disruption_budgets() {
     pods.evict("free", &EvictParams::default()).await.unwrap();
     assert_eq!(api_code(&pods.evict("gone", &EvictParams::default()).await.unwrap_err()).0, 404);
 
-    // Percentages round up; a second budget over the same pods is a 500 like the real server.
+    // Percentages need the scale of the pods' controllers: with bare pods the disruption
+    // controller fails safe and the new generation stays unobserved.
     server.create(pod("default", "t3", json!({"app": "train"}), Some("n1")));
     server.set_pod_phase("default", "t3", "Running");
     pdbs.patch("train", &PatchParams::default(), &Patch::Merge(json!({"spec": {"minAvailable": "50%"}})))
         .await
         .unwrap();
     let st = pdbs.get("train").await.unwrap().status.unwrap();
+    assert_eq!((st.disruptions_allowed, st.observed_generation), (Some(0), Some(1)));
+    assert_eq!(st.conditions.as_ref().unwrap()[0].reason, "SyncFailed");
+    let err = pods.evict("t2", &EvictParams::default()).await.unwrap_err();
+    let kube::Error::Api(s) = &err else { panic!("{err:?}") };
+    assert_eq!(s.code, 429);
+    assert!(s.details.as_ref().unwrap().causes[0].message.contains("still being processed"), "{s:?}");
+    // Owned by a ReplicaSet of a 2-replica Deployment: expected 2, 50% rounds up to 1.
+    let dep = server
+        .create(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "train"},
+                                   "spec": {"replicas": 2}}));
+    let rs =
+        server.create(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "train-1",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
+                             "uid": dep["metadata"]["uid"], "controller": true}]}, "spec": {"replicas": 2}}));
+    for p in ["t2", "t3"] {
+        server.update("pod", "default", p, |o| {
+            o["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "train-1", "uid": rs["metadata"]["uid"], "controller": true}]);
+        });
+    }
+    let st = pdbs.get("train").await.unwrap().status.unwrap();
     assert_eq!(
         (st.expected_pods, st.desired_healthy, st.current_healthy, st.disruptions_allowed),
         (Some(2), Some(1), Some(2), Some(1))
     );
     assert_eq!(st.observed_generation, Some(2));
+    pods.evict("t2", &EvictParams::default()).await.unwrap();
+    // The scale still says 2 while the replacement is missing: no further disruption.
+    let st = pdbs.get("train").await.unwrap().status.unwrap();
+    assert_eq!((st.expected_pods, st.current_healthy, st.disruptions_allowed), (Some(2), Some(1), Some(0)));
+    assert_eq!(api_code(&pods.evict("t3", &EvictParams::default()).await.unwrap_err()).0, 429);
+    // A second budget over the same pods is a 500 like the real server.
     server.create(pdb("second", json!(0)));
-    assert_eq!(api_code(&pods.evict("t2", &EvictParams::default()).await.unwrap_err()).0, 500);
+    assert_eq!(api_code(&pods.evict("t3", &EvictParams::default()).await.unwrap_err()).0, 500);
 }
 
 #[tokio::test]

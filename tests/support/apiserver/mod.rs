@@ -53,6 +53,9 @@
 //! - Node `spec.taints` is an atomic list: a strategic merge patch carrying one taint replaces
 //!   them all. Read, modify, and write back with the resourceVersion (409 on a race).
 //! - More than one PDB matching a pod makes its eviction fail with 500.
+//! - A PDB with maxUnavailable or a percentage needs the pods' controllers' scale (ReplicaSet,
+//!   via its Deployment, StatefulSet, ReplicationController): pods without one (bare pods,
+//!   Jobs, custom resources) leave it failing safe with no disruptions allowed (SyncFailed).
 //!
 //! # What it implements
 //!
@@ -95,7 +98,9 @@
 //! - Server-side apply: create-or-merge with the same list semantics, and fields the same
 //!   manager applied before and now omits are removed; no managedFields, no conflict detection
 //!   between managers (`force` is accepted and has no effect).
-//! - PDB percentages and maxUnavailable count the matching pods, not the owners' scale.
+//! - Workload controllers (apps/v1 ReplicaSets, Deployments, StatefulSets, core/v1
+//!   ReplicationControllers) are stored and served but not run: no pods are created for them.
+//!   They exist so PDB status can use their `spec.replicas`.
 //! - No admission, no validation beyond names, namespaces, kinds, resourceVersions and the pod
 //!   spec's immutability on update (images, activeDeadlineSeconds, added tolerations and removed
 //!   scheduling gates only; fixtures written through the handle bypass it).

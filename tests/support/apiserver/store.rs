@@ -1146,7 +1146,10 @@ impl Store {
 
     /// Runs after every write to pods or PDBs: the disruption controller's view.
     fn after_change(&mut self, res: usize, ns: &str, now: Timestamp) {
-        if res == r::PODS || res == r::PDBS {
+        if matches!(
+            res,
+            r::PODS | r::PDBS | r::REPLICASETS | r::DEPLOYMENTS | r::STATEFULSETS | r::REPLICATIONCONTROLLERS
+        ) {
             self.recompute_pdbs(ns, now);
         }
     }
@@ -1182,7 +1185,22 @@ impl Store {
                     }
                 }
             }
-            let expected = matching.len() as i64;
+            // Integer minAvailable counts the matching pods; maxUnavailable and percentages
+            // need the scale of the pods' controllers, and fail safe (no disruptions, status
+            // not observed) when a pod has none the disruption controller can scale.
+            let needs_scale = pdb.pointer("/spec/maxUnavailable").is_some()
+                || pdb.pointer("/spec/minAvailable").is_some_and(Value::is_string);
+            let expected = if needs_scale {
+                match self.expected_scale(ns, &matching) {
+                    Ok(n) => n,
+                    Err(why) => {
+                        self.fail_safe(pdb, &old_status, &why, now);
+                        continue;
+                    }
+                }
+            } else {
+                matching.len() as i64
+            };
             let healthy = matching
                 .iter()
                 .filter(|p| {
@@ -1234,6 +1252,91 @@ impl Store {
                 new["status"] = status;
                 self.commit(r::PDBS, EventType::Modified, Some(pdb), new);
             }
+        }
+    }
+
+    /// The sum of the scales of the pods' controllers, as the disruption controller's finders
+    /// compute it: a ReplicaSet owned by a Deployment counts with the Deployment's replicas,
+    /// StatefulSets and ReplicationControllers with theirs, each controller once. A pod without
+    /// a controller, or whose controller is missing or has no scale (a Job, a custom
+    /// resource), is an error.
+    fn expected_scale(&self, ns: &str, pods: &[&Value]) -> Result<i64, String> {
+        let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+        for p in pods {
+            let pod_name = meta_str(p, "name").unwrap_or_default();
+            let Some(owner) = p
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .and_then(|os| os.iter().find(|o| o["controller"] == true))
+            else {
+                return Err(format!("found no controller ref for pod {pod_name:?}"));
+            };
+            let kind = owner["kind"].as_str().unwrap_or_default();
+            let name = owner["name"].as_str().unwrap_or_default();
+            let uid = owner["uid"].as_str().unwrap_or_default();
+            let lookup = |res: usize| self.get(res, ns, name).filter(|o| meta_str(o, "uid") == Some(uid));
+            let replicas = |o: &Value| o.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+            let found = match kind {
+                "ReplicaSet" => lookup(r::REPLICASETS).map(|rs| {
+                    let deployment = rs
+                        .pointer("/metadata/ownerReferences")
+                        .and_then(Value::as_array)
+                        .and_then(|os| {
+                            os.iter().find(|o| o["controller"] == true && o["kind"] == "Deployment")
+                        })
+                        .and_then(|d| {
+                            self.get(r::DEPLOYMENTS, ns, d["name"].as_str().unwrap_or_default())
+                                .filter(|dep| meta_str(dep, "uid") == d["uid"].as_str())
+                        });
+                    match deployment {
+                        Some(d) => (meta_str(&d, "uid").unwrap_or_default().to_string(), replicas(&d)),
+                        None => (uid.to_string(), replicas(&rs)),
+                    }
+                }),
+                "StatefulSet" => lookup(r::STATEFULSETS).map(|o| (uid.to_string(), replicas(&o))),
+                "ReplicationController" => {
+                    lookup(r::REPLICATIONCONTROLLERS).map(|o| (uid.to_string(), replicas(&o)))
+                }
+                _ => None,
+            };
+            let Some((controller, scale)) = found else {
+                return Err(format!("found no controllers for pod {pod_name:?}"));
+            };
+            seen.insert(controller, scale);
+        }
+        Ok(seen.values().sum())
+    }
+
+    /// The disruption controller's fail-safe: no disruptions allowed, a SyncFailed condition,
+    /// and the generation left unobserved (so evictions answer "still being processed").
+    fn fail_safe(&mut self, pdb: Value, old_status: &Value, why: &str, now: Timestamp) {
+        let mut status = old_status.clone();
+        if !status.is_object() {
+            status = json!({});
+        }
+        status["disruptionsAllowed"] = json!(0);
+        let observed = status.get("observedGeneration").and_then(Value::as_i64).unwrap_or(0);
+        let old_cond = old_status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionAllowed"))
+            .cloned();
+        let transition = match &old_cond {
+            Some(c) if c["status"] == "False" => c["lastTransitionTime"].clone(),
+            _ => json!(ts(now)),
+        };
+        status["conditions"] = json!([{
+            "type": "DisruptionAllowed",
+            "status": "False",
+            "reason": "SyncFailed",
+            "message": why,
+            "observedGeneration": observed,
+            "lastTransitionTime": transition,
+        }]);
+        if status != *old_status {
+            let mut new = pdb.clone();
+            new["status"] = status;
+            self.commit(r::PDBS, EventType::Modified, Some(pdb), new);
         }
     }
 
