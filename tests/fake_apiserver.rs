@@ -475,14 +475,28 @@ async fn patches_merge_json_strategic_and_apply() {
     let err = nodes.patch("n1", &PatchParams::default(), &Patch::Json::<()>(failing)).await.unwrap_err();
     assert_eq!(api_code(&err).0, 422);
 
-    // Strategic merge of pod containers by name.
-    server.create(pod("default", "p", json!({}), Some("n1")));
+    // Strategic merge of pod containers by name: one image changes, the other container stays.
+    let mut two = pod("default", "p", json!({}), Some("n1"));
+    two["spec"]["containers"] =
+        json!([{"name": "main", "image": "busybox"}, {"name": "side", "image": "envoy"}]);
+    server.create(two);
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    let sidecar = json!({"spec": {"containers": [{"name": "side", "image": "envoy"}, {"name": "main", "image": "busybox:2"}]}});
-    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(sidecar)).await.unwrap();
+    let image = json!({"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}});
+    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(image)).await.unwrap();
     let cs: Vec<(String, Option<String>)> =
         p.spec.unwrap().containers.iter().map(|c| (c.name.clone(), c.image.clone())).collect();
     assert_eq!(cs, [("main".into(), Some("busybox:2".into())), ("side".into(), Some("envoy".into()))]);
+    // Pod specs are otherwise immutable, as on a real server (nodeName goes through binding).
+    let add = json!({"spec": {"containers": [{"name": "extra", "image": "x"}]}});
+    let err = pods.patch("p", &PatchParams::default(), &Patch::Strategic(add)).await.unwrap_err();
+    assert_eq!(api_code(&err), (422, "Invalid".into()));
+    let err = pods
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"spec": {"nodeName": "n2"}})))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&err).0, 422);
+    let tol = json!({"spec": {"tolerations": [{"key": "gpuscale.io/draining", "operator": "Exists"}]}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(tol)).await.unwrap();
 
     // Server-side apply: creates when absent, merges after, and drops what the same manager
     // stopped applying.
@@ -573,20 +587,48 @@ async fn eviction_respects_pod_disruption_budgets() {
     pods.evict("free", &EvictParams::default()).await.unwrap();
     assert_eq!(api_code(&pods.evict("gone", &EvictParams::default()).await.unwrap_err()).0, 404);
 
-    // Percentages round up; a second budget over the same pods is a 500 like the real server.
+    // Percentages need the scale of the pods' controllers: with bare pods the disruption
+    // controller fails safe and the new generation stays unobserved.
     server.create(pod("default", "t3", json!({"app": "train"}), Some("n1")));
     server.set_pod_phase("default", "t3", "Running");
     pdbs.patch("train", &PatchParams::default(), &Patch::Merge(json!({"spec": {"minAvailable": "50%"}})))
         .await
         .unwrap();
     let st = pdbs.get("train").await.unwrap().status.unwrap();
+    assert_eq!((st.disruptions_allowed, st.observed_generation), (Some(0), Some(1)));
+    assert_eq!(st.conditions.as_ref().unwrap()[0].reason, "SyncFailed");
+    let err = pods.evict("t2", &EvictParams::default()).await.unwrap_err();
+    let kube::Error::Api(s) = &err else { panic!("{err:?}") };
+    assert_eq!(s.code, 429);
+    assert!(s.details.as_ref().unwrap().causes[0].message.contains("still being processed"), "{s:?}");
+    // Owned by a ReplicaSet of a 2-replica Deployment: expected 2, 50% rounds up to 1.
+    let dep = server
+        .create(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "train"},
+                                   "spec": {"replicas": 2}}));
+    let rs =
+        server.create(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "train-1",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
+                             "uid": dep["metadata"]["uid"], "controller": true}]}, "spec": {"replicas": 2}}));
+    for p in ["t2", "t3"] {
+        server.update("pod", "default", p, |o| {
+            o["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "train-1", "uid": rs["metadata"]["uid"], "controller": true}]);
+        });
+    }
+    let st = pdbs.get("train").await.unwrap().status.unwrap();
     assert_eq!(
         (st.expected_pods, st.desired_healthy, st.current_healthy, st.disruptions_allowed),
         (Some(2), Some(1), Some(2), Some(1))
     );
     assert_eq!(st.observed_generation, Some(2));
+    pods.evict("t2", &EvictParams::default()).await.unwrap();
+    // The scale still says 2 while the replacement is missing: no further disruption.
+    let st = pdbs.get("train").await.unwrap().status.unwrap();
+    assert_eq!((st.expected_pods, st.current_healthy, st.disruptions_allowed), (Some(2), Some(1), Some(0)));
+    assert_eq!(api_code(&pods.evict("t3", &EvictParams::default()).await.unwrap_err()).0, 429);
+    // A second budget over the same pods is a 500 like the real server.
     server.create(pdb("second", json!(0)));
-    assert_eq!(api_code(&pods.evict("t2", &EvictParams::default()).await.unwrap_err()).0, 500);
+    assert_eq!(api_code(&pods.evict("t3", &EvictParams::default()).await.unwrap_err()).0, 500);
 }
 
 #[tokio::test]
@@ -796,4 +838,64 @@ async fn events_written_through_either_api_are_one_store() {
     let stored = server.list("events.k8s.io", Some("default"));
     assert_eq!(stored[0]["regarding"]["name"], "n1");
     assert_eq!(server.list("Event", Some("default"))[0]["involvedObject"]["name"], "n1");
+}
+
+#[tokio::test]
+async fn dry_run_keeps_nothing_and_eviction_delete_options_are_dropped_like_the_real_server() {
+    let server = FakeApiServer::start_with(Settings {
+        graceful_pod_deletion: true,
+        max_grace_period: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    server.create(pod("default", "d1", json!({"app": "train"}), Some("n1")));
+    server.set_pod_phase("default", "d1", "Running");
+    server.create(pdb("train", json!(1)));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let dry = EvictParams {
+        post_options: PostParams { dry_run: true, ..Default::default() },
+        ..Default::default()
+    };
+    assert_eq!(
+        api_code(&pods.evict("d1", &dry).await.unwrap_err()).0,
+        429,
+        "a dry run answers the real refusal"
+    );
+    server.create(pod("default", "d2", json!({"app": "train"}), Some("n1")));
+    server.set_pod_phase("default", "d2", "Running");
+    let rv = server.resource_version();
+    pods.evict("d1", &dry).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dry"}})).unwrap();
+    cms.create(&PostParams { dry_run: true, ..Default::default() }, &cm).await.unwrap();
+    assert_eq!(server.resource_version(), rv, "dry runs write nothing");
+    assert!(server.get("pod", "default", "d1").unwrap()["metadata"]["deletionTimestamp"].is_null());
+    assert!(server.get("configmap", "default", "dry").is_none());
+
+    // kube 5 serializes EvictParams::delete_options as `delete_options`; the API server does
+    // not know that field and drops it, so the pod gets its own grace period, not 0.
+    let ep = EvictParams {
+        delete_options: Some(DeleteParams { grace_period_seconds: Some(0), ..Default::default() }),
+        ..Default::default()
+    };
+    pods.evict("d1", &ep).await.unwrap();
+    let d1 = server.get("pod", "default", "d1").expect("terminating, not gone");
+    assert_eq!(d1["metadata"]["deletionGracePeriodSeconds"], 30);
+    let sent = server.requests().into_iter().rev().find(|r| r.path.ends_with("/d1/eviction")).unwrap();
+    assert!(sent.body.contains("delete_options"), "{}", sent.body);
+}
+
+#[tokio::test]
+async fn the_production_client_retries_transient_errors_inside_kube() {
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    server.fail_next("GET", "/api/v1/nodes/n1", 503, 2);
+    let nodes: Api<Node> = Api::all(server.client_with_retries());
+    assert_eq!(nodes.get("n1").await.unwrap().name_any(), "n1");
+    let statuses: Vec<u16> = server.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [503, 503, 200], "kube's default retry hides two 503s");
+    // The test client does not retry: the caller sees the error.
+    server.fail_next("GET", "/api/v1/nodes/n1", 503, 1);
+    let plain: Api<Node> = Api::all(server.client());
+    assert_eq!(api_code(&plain.get("n1").await.unwrap_err()).0, 503);
 }

@@ -30,6 +30,33 @@
 //! assert!(server.requests().iter().any(|r| r.replica.as_deref() == Some("a")));
 //! ```
 //!
+//! # The handle
+//!
+//! [`FakeApiServer::start`] / [`FakeApiServer::start_with`] ([`Settings`]), `url()`, `client()`
+//! (no retries), `client_with_retries()` (kube's default retry, like `Client::try_default()`),
+//! `replica_client(id)` / `client_with_header(..)`; fixtures that bypass HTTP: `create`,
+//! `try_create`, `apply`, `get`, `list`, `update`, `delete`, `set_pod_phase`, `set_pod_ready`,
+//! `set_node_ready`; faults: `fail_next`, `inject_fault(Fault::new(..).retry_after(..))`,
+//! `pending_faults`; observation: `requests()` ([`RecordedRequest`]: method, path, query,
+//! content type, replica header, status, body), `resource_version`, `active_watches`,
+//! `expired_watches`, `wait_until`; watch control: `disconnect_watches`, `expire_history`;
+//! `shutdown()` (or drop).
+//!
+//! # Real-server behaviours worth knowing (reproduced here)
+//!
+//! - kube's default client retries 429/503/504 up to 15 times and honours `Retry-After`; an
+//!   eviction refused by a PDB answers 429 with `Retry-After: 10`, so with
+//!   `Client::try_default()` a refused `evict` returns only after minutes of retries.
+//! - kube 5 sends `EvictParams::delete_options` as a `delete_options` field the API server does
+//!   not know: it is dropped (with a `Warning` header), so grace periods and preconditions set
+//!   there have no effect. The pod's own grace period applies.
+//! - Node `spec.taints` is an atomic list: a strategic merge patch carrying one taint replaces
+//!   them all. Read, modify, and write back with the resourceVersion (409 on a race).
+//! - More than one PDB matching a pod makes its eviction fail with 500.
+//! - A PDB with maxUnavailable or a percentage needs the pods' controllers' scale (ReplicaSet,
+//!   via its Deployment, StatefulSet, ReplicationController): pods without one (bare pods,
+//!   Jobs, custom resources) leave it failing safe with no disruptions allowed (SyncFailed).
+//!
 //! # What it implements
 //!
 //! - Resources (see `resources.rs`): core/v1 namespaces, nodes, pods, configmaps, events,
@@ -59,6 +86,7 @@
 //!   deprecated* fields), so an event written through one API is visible through the other.
 //! - Deleting a Node deletes its pods (pod garbage collection, `Settings::gc_pods_of_deleted_nodes`);
 //!   deleting a Namespace deletes its contents.
+//! - `dryRun=All` on every write: the real answer (errors included), nothing kept or watched.
 //! - pods/eviction with the real checks and the 429 `TooManyRequests` refusal, and PDB status
 //!   maintained like the disruption controller does, synchronously on every pod/PDB change.
 //!
@@ -70,8 +98,12 @@
 //! - Server-side apply: create-or-merge with the same list semantics, and fields the same
 //!   manager applied before and now omits are removed; no managedFields, no conflict detection
 //!   between managers (`force` is accepted and has no effect).
-//! - PDB percentages and maxUnavailable count the matching pods, not the owners' scale.
-//! - No admission, no validation beyond names, namespaces, kinds and resourceVersions.
+//! - Workload controllers (apps/v1 ReplicaSets, Deployments, StatefulSets, core/v1
+//!   ReplicationControllers) are stored and served but not run: no pods are created for them.
+//!   They exist so PDB status can use their `spec.replicas`.
+//! - No admission, no validation beyond names, namespaces, kinds, resourceVersions and the pod
+//!   spec's immutability on update (images, activeDeadlineSeconds, added tolerations and removed
+//!   scheduling gates only; fixtures written through the handle bypass it).
 //! - `resourceVersionMatch=Exact` lists only serve the current resourceVersion.
 
 // Each test crate uses a different part of the handle.
@@ -337,6 +369,16 @@ impl FakeApiServer {
     /// A kube client for this server (see [`Self::config`]).
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.config()).expect("fake apiserver: building a kube client")
+    }
+
+    /// A client as `kube::Client::try_default()` builds it for the controller: kube's default
+    /// retry of 429/503/504 on (up to 15 attempts with exponential backoff from 5 ms, or the
+    /// server's Retry-After when longer). Use it to test what production sees, e.g. that a PDB
+    /// refusal (429, Retry-After 10 s) is retried inside the client before the caller sees it.
+    pub fn client_with_retries(&self) -> kube::Client {
+        let mut c = self.config();
+        c.default_retry = true;
+        kube::Client::try_from(c).expect("fake apiserver: building a kube client")
     }
 
     /// A client that sends an extra header with every request.

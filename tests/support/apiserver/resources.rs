@@ -64,6 +64,10 @@ pub const PDBS: usize = 6;
 pub const LEASES: usize = 7;
 pub const EVENTS_V1: usize = 8;
 pub const PODGROUPS: usize = 9;
+pub const REPLICASETS: usize = 10;
+pub const DEPLOYMENTS: usize = 11;
+pub const STATEFULSETS: usize = 12;
+pub const REPLICATIONCONTROLLERS: usize = 13;
 
 /// Every served resource; the index is the resource id used across the store.
 pub static RESOURCES: &[ResourceKind] = &[
@@ -215,6 +219,56 @@ pub static RESOURCES: &[ResourceKind] = &[
         custom: true,
         short_names: &["pg", "podgroup"],
         field_labels: &[],
+    },
+    // Workload controllers: served so PDBs with maxUnavailable or percentages can find the
+    // scale of the pods' owners, as the disruption controller does.
+    ResourceKind {
+        group: "apps",
+        version: "v1",
+        kind: "ReplicaSet",
+        plural: "replicasets",
+        singular: "replicaset",
+        namespaced: true,
+        status_subresource: true,
+        custom: false,
+        short_names: &["rs"],
+        field_labels: &["status.replicas"],
+    },
+    ResourceKind {
+        group: "apps",
+        version: "v1",
+        kind: "Deployment",
+        plural: "deployments",
+        singular: "deployment",
+        namespaced: true,
+        status_subresource: true,
+        custom: false,
+        short_names: &["deploy"],
+        field_labels: &[],
+    },
+    ResourceKind {
+        group: "apps",
+        version: "v1",
+        kind: "StatefulSet",
+        plural: "statefulsets",
+        singular: "statefulset",
+        namespaced: true,
+        status_subresource: true,
+        custom: false,
+        short_names: &["sts"],
+        field_labels: &[],
+    },
+    ResourceKind {
+        group: "",
+        version: "v1",
+        kind: "ReplicationController",
+        plural: "replicationcontrollers",
+        singular: "replicationcontroller",
+        namespaced: true,
+        status_subresource: true,
+        custom: false,
+        short_names: &["rc"],
+        field_labels: &["status.replicas"],
     },
 ];
 

@@ -9,6 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::Response;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -208,11 +209,24 @@ async fn resource_route(
                     }
                     let ev: Value = serde_json::from_slice(body)
                         .map_err(|e| ApiError::bad_request(format!("decoding the Eviction: {e}")))?;
-                    shared.with(|s, now| s.evict(ns, name, &ev, now))?;
-                    Ok(json_response(
+                    write(shared, query, |s, now| s.evict(ns, name, &ev, now))?;
+                    let mut resp = json_response(
                         201,
                         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-                    ))
+                    );
+                    // fieldValidation=Warn (the default): unknown fields are dropped with a
+                    // warning. kube 5 sends `delete_options`, which the real server ignores.
+                    let known = ["apiVersion", "kind", "metadata", "deleteOptions"];
+                    for k in ev.as_object().into_iter().flat_map(|o| o.keys()) {
+                        if !known.contains(&k.as_str()) {
+                            if let Ok(v) =
+                                HeaderValue::from_str(&format!("299 - \"unknown field \\\"{k}\\\"\""))
+                            {
+                                resp.headers_mut().append(header::WARNING, v);
+                            }
+                        }
+                    }
+                    Ok(resp)
                 }
                 Some("binding") if res == r::PODS => {
                     if method != Method::POST {
@@ -220,7 +234,7 @@ async fn resource_route(
                     }
                     let b: Value = serde_json::from_slice(body)
                         .map_err(|e| ApiError::bad_request(format!("decoding the Binding: {e}")))?;
-                    shared.with(|s, now| s.bind(ns, name, &b, now))?;
+                    write(shared, query, |s, now| s.bind(ns, name, &b, now))?;
                     Ok(json_response(
                         201,
                         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -230,6 +244,19 @@ async fn resource_route(
             }
         }
         _ => Err(not_found_path()),
+    }
+}
+
+/// Runs a write, or with `dryRun=All` runs it on a scratch copy of the store so the answer is
+/// the real one (errors included) and nothing is persisted or watched.
+fn write<R>(shared: &Arc<Shared>, query: &Query, f: impl FnOnce(&mut Store, Timestamp) -> R) -> R {
+    if query.get("dryRun").is_some_and(|v| v == "All") {
+        shared.with(|s, now| {
+            let mut scratch = s.scratch_copy();
+            f(&mut scratch, now)
+        })
+    } else {
+        shared.with(f)
     }
 }
 
@@ -316,13 +343,13 @@ async fn collection(
                 return Err(ApiError::method_not_allowed());
             }
             let obj = parse_json(body)?;
-            let created = shared.with(|s, now| s.create(res, ns, obj, true, now))?;
+            let created = write(shared, query, |s, now| s.create(res, ns, obj, true, now))?;
             Ok(json_response(201, &created))
         }
         Method::DELETE => {
             let sel = Store::selectors(res, q("labelSelector"), q("fieldSelector"))?;
             let opts = delete_options(query, body)?;
-            let deleted = shared.with(|s, now| -> Result<Vec<Value>, ApiError> {
+            let deleted = write(shared, query, |s, now| -> Result<Vec<Value>, ApiError> {
                 let targets: Vec<(String, String)> = s
                     .all(res, ns)
                     .into_iter()
@@ -369,7 +396,7 @@ fn object(
         }
         Method::PUT => {
             let obj = parse_json(body)?;
-            let stored = shared.with(|s, now| s.update(res, ns, name, obj, sub, now))?;
+            let stored = write(shared, query, |s, now| s.update(res, ns, name, obj, sub, now))?;
             Ok(json_response(200, &stored))
         }
         Method::PATCH => {
@@ -387,12 +414,12 @@ fn object(
             })?;
             let manager = query.get("fieldManager").map(String::as_str);
             let (stored, created) =
-                shared.with(|s, now| s.patch(res, ns, name, ptype, body, sub, manager, now))?;
+                write(shared, query, |s, now| s.patch(res, ns, name, ptype, body, sub, manager, now))?;
             Ok(json_response(if created { 201 } else { 200 }, &stored))
         }
         Method::DELETE if sub == Sub::Main => {
             let opts = delete_options(query, body)?;
-            let (obj, gone) = shared.with(|s, now| s.delete(res, ns, name, &opts, now))?;
+            let (obj, gone) = write(shared, query, |s, now| s.delete(res, ns, name, &opts, now))?;
             Ok(json_response(if gone { 200 } else { 202 }, &obj))
         }
         _ => Err(ApiError::method_not_allowed()),

@@ -267,6 +267,7 @@ pub struct Scheduled {
     pub after: Duration,
 }
 
+#[derive(Clone)]
 struct Snapshot {
     rv: u64,
     items: Vec<Value>,
@@ -391,6 +392,56 @@ fn pod_ready(pod: &Value) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
 }
 
+/// The pod update validation of the real server: the spec is immutable except container
+/// images, activeDeadlineSeconds, added tolerations and removed scheduling gates (bind with
+/// pods/binding to set spec.nodeName).
+fn check_pod_update(old: &Value, new: &Value) -> Result<(), String> {
+    let (Some(os), Some(ns)) = (old.get("spec"), new.get("spec")) else {
+        return if old.get("spec") == new.get("spec") { Ok(()) } else { Err(POD_SPEC_FORBIDDEN.into()) };
+    };
+    let mut masked = ns.clone();
+    for list in ["containers", "initContainers"] {
+        let olds = os.get(list).and_then(Value::as_array).cloned().unwrap_or_default();
+        if let Some(Value::Array(items)) = masked.get_mut(list) {
+            if items.len() == olds.len() {
+                for (n, o) in items.iter_mut().zip(&olds) {
+                    n["image"] = o.get("image").cloned().unwrap_or(Value::Null);
+                    if o.get("image").is_none() {
+                        n.as_object_mut().expect("container").remove("image");
+                    }
+                }
+            }
+        }
+    }
+    let m = masked.as_object_mut().ok_or(POD_SPEC_FORBIDDEN)?;
+    let old_tol = os.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_tol = ns.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !old_tol.iter().all(|t| new_tol.contains(t)) {
+        return Err(POD_SPEC_FORBIDDEN.into());
+    }
+    let old_gates = os.get("schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_gates = ns.get("schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !new_gates.iter().all(|g| old_gates.contains(g)) {
+        return Err("spec.schedulingGates: Forbidden: only deletion is allowed".into());
+    }
+    for k in ["tolerations", "activeDeadlineSeconds", "schedulingGates"] {
+        match os.get(k) {
+            Some(v) => m.insert(k.into(), v.clone()),
+            None => m.remove(k),
+        };
+    }
+    if masked == *os {
+        Ok(())
+    } else {
+        Err(POD_SPEC_FORBIDDEN.into())
+    }
+}
+
+const POD_SPEC_FORBIDDEN: &str = "spec: Forbidden: pod updates may not change fields other than \
+     `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,\
+     `spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` \
+     (allow it to be set to 1 if it was previously negative)";
+
 /// An IntOrString of a PDB against `total` pods, rounding up like the disruption controller.
 fn scaled(v: &Value, total: i64) -> Result<i64, String> {
     match v {
@@ -434,6 +485,31 @@ impl Store {
                 .expect("initial namespace");
         }
         s
+    }
+
+    /// A copy of the data for a dry run: writes to it are answered but not kept, watched or
+    /// timed.
+    pub fn scratch_copy(&self) -> Store {
+        Store {
+            settings: self.settings.clone(),
+            rv: self.rv,
+            objects: self.objects.clone(),
+            history: VecDeque::new(),
+            compacted: self.compacted,
+            uid_seq: self.uid_seq,
+            name_seq: self.name_seq,
+            continues: BTreeMap::new(),
+            continue_seq: self.continue_seq,
+            applied: self.applied.clone(),
+            faults: Vec::new(),
+            requests: Vec::new(),
+            watch_epoch: self.watch_epoch,
+            active_watches: 0,
+            expired_watches: 0,
+            closed: false,
+            scheduled: Vec::new(),
+            notify: tokio::sync::watch::channel(self.rv).0,
+        }
     }
 
     /// The stored object, as `res` serves it.
@@ -738,6 +814,9 @@ impl Store {
                         }
                     }
                 }
+                if res == r::PODS && sub == Sub::Main {
+                    check_pod_update(&old, &o).map_err(|why| ApiError::invalid(rk, name, &why))?;
+                }
                 let strip = |v: &Value| {
                     let mut v = v.clone();
                     if let Some(m) = v.as_object_mut() {
@@ -840,7 +919,8 @@ impl Store {
                         rk.kind
                     )));
                 }
-                let key = (res, ns.to_string(), name.to_string(), manager.to_string());
+                // Main resource and status are applied separately.
+                let key = (res, ns.to_string(), name.to_string(), format!("{manager}/{sub:?}"));
                 match self.get(res, ns, name) {
                     None => {
                         if sub == Sub::Status {
@@ -1066,7 +1146,10 @@ impl Store {
 
     /// Runs after every write to pods or PDBs: the disruption controller's view.
     fn after_change(&mut self, res: usize, ns: &str, now: Timestamp) {
-        if res == r::PODS || res == r::PDBS {
+        if matches!(
+            res,
+            r::PODS | r::PDBS | r::REPLICASETS | r::DEPLOYMENTS | r::STATEFULSETS | r::REPLICATIONCONTROLLERS
+        ) {
             self.recompute_pdbs(ns, now);
         }
     }
@@ -1102,7 +1185,22 @@ impl Store {
                     }
                 }
             }
-            let expected = matching.len() as i64;
+            // Integer minAvailable counts the matching pods; maxUnavailable and percentages
+            // need the scale of the pods' controllers, and fail safe (no disruptions, status
+            // not observed) when a pod has none the disruption controller can scale.
+            let needs_scale = pdb.pointer("/spec/maxUnavailable").is_some()
+                || pdb.pointer("/spec/minAvailable").is_some_and(Value::is_string);
+            let expected = if needs_scale {
+                match self.expected_scale(ns, &matching) {
+                    Ok(n) => n,
+                    Err(why) => {
+                        self.fail_safe(pdb, &old_status, &why, now);
+                        continue;
+                    }
+                }
+            } else {
+                matching.len() as i64
+            };
             let healthy = matching
                 .iter()
                 .filter(|p| {
@@ -1154,6 +1252,91 @@ impl Store {
                 new["status"] = status;
                 self.commit(r::PDBS, EventType::Modified, Some(pdb), new);
             }
+        }
+    }
+
+    /// The sum of the scales of the pods' controllers, as the disruption controller's finders
+    /// compute it: a ReplicaSet owned by a Deployment counts with the Deployment's replicas,
+    /// StatefulSets and ReplicationControllers with theirs, each controller once. A pod without
+    /// a controller, or whose controller is missing or has no scale (a Job, a custom
+    /// resource), is an error.
+    fn expected_scale(&self, ns: &str, pods: &[&Value]) -> Result<i64, String> {
+        let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+        for p in pods {
+            let pod_name = meta_str(p, "name").unwrap_or_default();
+            let Some(owner) = p
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .and_then(|os| os.iter().find(|o| o["controller"] == true))
+            else {
+                return Err(format!("found no controller ref for pod {pod_name:?}"));
+            };
+            let kind = owner["kind"].as_str().unwrap_or_default();
+            let name = owner["name"].as_str().unwrap_or_default();
+            let uid = owner["uid"].as_str().unwrap_or_default();
+            let lookup = |res: usize| self.get(res, ns, name).filter(|o| meta_str(o, "uid") == Some(uid));
+            let replicas = |o: &Value| o.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+            let found = match kind {
+                "ReplicaSet" => lookup(r::REPLICASETS).map(|rs| {
+                    let deployment = rs
+                        .pointer("/metadata/ownerReferences")
+                        .and_then(Value::as_array)
+                        .and_then(|os| {
+                            os.iter().find(|o| o["controller"] == true && o["kind"] == "Deployment")
+                        })
+                        .and_then(|d| {
+                            self.get(r::DEPLOYMENTS, ns, d["name"].as_str().unwrap_or_default())
+                                .filter(|dep| meta_str(dep, "uid") == d["uid"].as_str())
+                        });
+                    match deployment {
+                        Some(d) => (meta_str(&d, "uid").unwrap_or_default().to_string(), replicas(&d)),
+                        None => (uid.to_string(), replicas(&rs)),
+                    }
+                }),
+                "StatefulSet" => lookup(r::STATEFULSETS).map(|o| (uid.to_string(), replicas(&o))),
+                "ReplicationController" => {
+                    lookup(r::REPLICATIONCONTROLLERS).map(|o| (uid.to_string(), replicas(&o)))
+                }
+                _ => None,
+            };
+            let Some((controller, scale)) = found else {
+                return Err(format!("found no controllers for pod {pod_name:?}"));
+            };
+            seen.insert(controller, scale);
+        }
+        Ok(seen.values().sum())
+    }
+
+    /// The disruption controller's fail-safe: no disruptions allowed, a SyncFailed condition,
+    /// and the generation left unobserved (so evictions answer "still being processed").
+    fn fail_safe(&mut self, pdb: Value, old_status: &Value, why: &str, now: Timestamp) {
+        let mut status = old_status.clone();
+        if !status.is_object() {
+            status = json!({});
+        }
+        status["disruptionsAllowed"] = json!(0);
+        let observed = status.get("observedGeneration").and_then(Value::as_i64).unwrap_or(0);
+        let old_cond = old_status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionAllowed"))
+            .cloned();
+        let transition = match &old_cond {
+            Some(c) if c["status"] == "False" => c["lastTransitionTime"].clone(),
+            _ => json!(ts(now)),
+        };
+        status["conditions"] = json!([{
+            "type": "DisruptionAllowed",
+            "status": "False",
+            "reason": "SyncFailed",
+            "message": why,
+            "observedGeneration": observed,
+            "lastTransitionTime": transition,
+        }]);
+        if status != *old_status {
+            let mut new = pdb.clone();
+            new["status"] = status;
+            self.commit(r::PDBS, EventType::Modified, Some(pdb), new);
         }
     }
 
