@@ -15,6 +15,8 @@ use std::path::Path;
 pub struct GpuscaleConfig {
     /// Planner knobs: placement policy, scale-down threshold, consolidation, disruption budget.
     pub planner: PlannerSettings,
+    /// In-cluster controller knobs (`gpuscale run`): batching, drain, readiness, leader election.
+    pub controller: crate::controller::config::ControllerConfig,
 }
 
 impl GpuscaleConfig {
@@ -44,6 +46,9 @@ impl GpuscaleConfig {
                 value: utilization.to_string(),
                 reason: "must be between 0 and 1".into(),
             });
+        }
+        if let Some((field, value, reason)) = config.controller.problems().into_iter().next() {
+            return Err(ConfigError::Invalid { file: path.to_path_buf(), field, value, reason });
         }
         Ok(config)
     }

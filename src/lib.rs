@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod controller;
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod model;
