@@ -3,6 +3,8 @@
 mod autoscale;
 mod plan;
 mod plot;
+#[cfg(feature = "controller")]
+mod run;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -36,6 +38,10 @@ enum Command {
     /// Replay a GPU trace through the placement scheduler (the FGD paper's workload-inflation
     /// experiment) and report how much of the cluster each policy allocates.
     Simulate(simulate::SimulateArgs),
+    /// Run the in-cluster controller: watch pending pods and nodes, scale node groups, drain
+    /// and remove unneeded nodes (leader-elected; `--dry-run` only reports the plan).
+    #[cfg(feature = "controller")]
+    Run(run::RunArgs),
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` filters (default `info`).
@@ -54,5 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Simulate(args) => simulate::run(args),
+        #[cfg(feature = "controller")]
+        Command::Run(args) => run::run(args),
     }
 }
