@@ -7,7 +7,7 @@ mod apiserver;
 #[path = "support/cluster_harness.rs"]
 mod harness;
 
-use apiserver::Settings;
+use apiserver::{Fault, Settings};
 use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT};
 use gpuscale::model::InstanceState;
 use gpuscale::planner::PlannerSettings;
@@ -58,6 +58,15 @@ fn set_target_calls(c: &Cluster) -> Vec<(u32, u32)> {
         .collect()
 }
 
+fn eviction_log(c: &Cluster) -> Vec<String> {
+    c.server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .map(|r| format!("{:?} {} {}", r.replica, r.path, r.status))
+        .collect()
+}
+
 fn no_scale_down() -> PlannerSettings {
     PlannerSettings { scale_down: false, ..Default::default() }
 }
@@ -66,7 +75,9 @@ fn evictions(c: &Cluster, pod: &str, status: u16) -> usize {
     c.server
         .requests()
         .iter()
-        .filter(|r| r.method == "POST" && r.path.ends_with(&format!("/pods/{pod}/eviction")) && r.status == status)
+        .filter(|r| {
+            r.method == "POST" && r.path.ends_with(&format!("/pods/{pod}/eviction")) && r.status == status
+        })
         .count()
 }
 
@@ -80,11 +91,18 @@ async fn pending_gpu_pods_scale_up_and_land_on_the_new_node() {
     }
     c.server
         .wait_until(WAIT, "all three pods running", |s| {
-            (0..3).all(|i| s.get("pods", "ml", &format!("train-{i}")).is_some_and(|p| p["status"]["phase"] == "Running"))
+            (0..3).all(|i| {
+                s.get("pods", "ml", &format!("train-{i}")).is_some_and(|p| p["status"]["phase"] == "Running")
+            })
         })
         .await;
     let nodes: Vec<String> = (0..3)
-        .map(|i| c.server.get("pods", "ml", &format!("train-{i}")).unwrap()["spec"]["nodeName"].as_str().unwrap().to_string())
+        .map(|i| {
+            c.server.get("pods", "ml", &format!("train-{i}")).unwrap()["spec"]["nodeName"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     let live = live_instances(&c);
     assert_eq!(live.len(), 1, "one 4-GPU node holds three 1-GPU pods: {live:?}");
@@ -92,7 +110,12 @@ async fn pending_gpu_pods_scale_up_and_land_on_the_new_node() {
     // Let a few more passes run: the in-flight and registered capacity is never scaled twice.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(set_target_calls(&c), vec![(0, 1)]);
-    assert_eq!(replica.recorder.with_prefix("scaled_up").len(), 1, "{:?}", replica.recorder.lines.lock().unwrap());
+    assert_eq!(
+        replica.recorder.with_prefix("scaled_up").len(),
+        1,
+        "{:?}",
+        replica.recorder.lines.lock().unwrap()
+    );
     // Only the controller's identity holds the lease.
     let lease = c.server.get("leases", harness::LEASE_NAMESPACE, "gpuscale-controller").expect("lease");
     assert_eq!(lease["spec"]["holderIdentity"], "a");
@@ -145,7 +168,8 @@ async fn an_underused_node_is_drained_and_deleted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_disruption_budget_blocks_the_drain() {
-    let (c, _busy, idle) = two_node_cluster(Settings { eviction_retry_after_seconds: 0, ..Default::default() }).await;
+    let (c, _busy, idle) =
+        two_node_cluster(Settings { eviction_retry_after_seconds: 0, ..Default::default() }).await;
     c.schedule.store(false, std::sync::atomic::Ordering::Relaxed);
     // A previous leader already started draining the node and began evicting.
     c.server.update("nodes", "", &idle, |n| {
@@ -193,8 +217,13 @@ async fn a_restart_mid_drain_resumes_without_losing_pods() {
         c.server.create(pod_json("ml", &format!("side-{i}"), 0, Some("ReplicaSet"), Some(&idle)));
     }
     let on_idle = ["web", "side-0", "side-1", "side-2"];
+    // The first replica's evictions of the side pods fail (a flaky API server), so it crashes
+    // with work left: web evicted, the side pods still running.
+    c.server.inject_fault(Fault::new("POST", "/api/v1/namespaces/ml/pods/side-", 500, 3));
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    let first = c.controller("a", fast_config(), PlannerSettings::default());
+    // The first replica passes every 2 s while busy, so the test stops it between passes.
+    let slow = harness::ControllerConfig { resync_seconds: 30.0, ..fast_config() };
+    let first = c.controller("a", slow, PlannerSettings::default());
     c.server
         .wait_until(WAIT, "the first eviction", |s| {
             s.requests().iter().any(|r| r.path.ends_with("/eviction") && r.status == 201)
@@ -205,11 +234,20 @@ async fn a_restart_mid_drain_resumes_without_losing_pods() {
     let node = c.server.get("nodes", "", &idle).expect("node still there after the crash");
     assert_eq!(node["metadata"]["annotations"][DRAIN_EVICTED], "true", "drain state is on the node");
     let second = c.controller("b", fast_config(), PlannerSettings::default());
-    c.server.wait_until(WAIT, "the drain finished by the new leader", |s| s.get("nodes", "", &idle).is_none()).await;
+    c.server
+        .wait_until(WAIT, "the drain finished by the new leader", |s| s.get("nodes", "", &idle).is_none())
+        .await;
+    // Every pod of the node left through the Eviction API; one may still be terminating
+    // within its grace period (the kubelet's business), none vanished otherwise.
     for pod in on_idle {
-        let evicted = evictions(&c, pod, 201) > 0;
-        let exists = c.server.get("pods", "ml", pod).is_some();
-        assert!(evicted && !exists, "pod {pod}: evicted through the API = {evicted}, still exists = {exists}");
+        let evicted = evictions(&c, pod, 201) == 1;
+        let left = c.server.get("pods", "ml", pod);
+        let terminating = left.as_ref().is_none_or(|p| p["metadata"]["deletionTimestamp"].is_string());
+        assert!(
+            evicted && terminating,
+            "pod {pod}: evicted once through the API = {evicted}, object now: {left:?}\n{:#?}",
+            eviction_log(&c)
+        );
     }
     assert!(c.server.get("pods", "ml", "big").is_some());
     assert!(c.server.get("nodes", "", &busy).is_some());
@@ -220,7 +258,14 @@ async fn a_restart_mid_drain_resumes_without_losing_pods() {
         .filter(|r| r.path.ends_with("/eviction"))
         .filter_map(|r| r.replica.clone())
         .collect();
-    assert!(writers.contains("b"), "the new leader evicted the rest: {writers:?}");
+    let log: Vec<String> = c
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .map(|r| format!("{:?} {} {}", r.replica, r.path, r.status))
+        .collect();
+    assert!(writers.contains("b"), "the new leader evicted the rest: {log:#?}");
     assert!(second.recorder.with_prefix("node_deleted").iter().any(|l| l.contains(&idle)));
     second.stop.send_replace(true);
     second.task.await.unwrap().unwrap();
@@ -244,7 +289,9 @@ async fn two_replicas_contend_for_the_lease_and_only_the_leader_acts() {
     }
     c.server
         .wait_until(WAIT, "all pods running", |s| {
-            (0..6).all(|i| s.get("pods", "ml", &format!("train-{i}")).is_some_and(|p| p["status"]["phase"] == "Running"))
+            (0..6).all(|i| {
+                s.get("pods", "ml", &format!("train-{i}")).is_some_and(|p| p["status"]["phase"] == "Running")
+            })
         })
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -253,9 +300,14 @@ async fn two_replicas_contend_for_the_lease_and_only_the_leader_acts() {
     let follower = if leader == "a" { "b" } else { "a" };
     // Scaled once, by the leader only: six 1-GPU pods need two 4-GPU nodes.
     assert_eq!(set_target_calls(&c), vec![(0, 2)]);
-    let (lead_rec, follow_rec) = if leader == "a" { (&a.recorder, &b.recorder) } else { (&b.recorder, &a.recorder) };
+    let (lead_rec, follow_rec) =
+        if leader == "a" { (&a.recorder, &b.recorder) } else { (&b.recorder, &a.recorder) };
     assert_eq!(lead_rec.with_prefix("scaled_up").len(), 1);
-    assert!(follow_rec.lines.lock().unwrap().is_empty(), "the follower acted: {:?}", follow_rec.lines.lock().unwrap());
+    assert!(
+        follow_rec.lines.lock().unwrap().is_empty(),
+        "the follower acted: {:?}",
+        follow_rec.lines.lock().unwrap()
+    );
     // The request log: the follower wrote nothing but (failed) Lease claims.
     let follower_writes: Vec<String> = c
         .server

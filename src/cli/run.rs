@@ -50,7 +50,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "no leader-election identity: pass --identity or set POD_NAME (the pod name) or HOSTNAME",
         )?,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
         let client = kube::Client::try_default().await.context("connecting to the Kubernetes API server")?;
         let set = ProviderSet::connect(&providers).await?;

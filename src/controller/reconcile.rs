@@ -524,14 +524,16 @@ impl Controller {
                     return Ok(true);
                 }
                 let (ns, name) = id.split_once('/').unwrap_or(("default", id));
-                match self.actuator.evict(ns, name).await? {
-                    Eviction::Evicted => tracing::info!(pod = %id, %node, "evicted"),
-                    Eviction::Gone => {}
-                    Eviction::Refused(message) => self.observer.eviction_blocked(
+                match self.actuator.evict(ns, name).await {
+                    Ok(Eviction::Evicted) => tracing::info!(pod = %id, %node, "evicted"),
+                    Ok(Eviction::Gone) => {}
+                    Ok(Eviction::Refused(message)) => self.observer.eviction_blocked(
                         id,
                         &node,
                         &format!("eviction refused (429), retrying later: {message}"),
                     ),
+                    // One failed eviction does not hold up the others; the next pass retries it.
+                    Err(e) => tracing::warn!(error = %e, "eviction failed; retrying at the next pass"),
                 }
             }
             match step.outcome {

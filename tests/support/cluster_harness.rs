@@ -13,7 +13,7 @@
 #![allow(dead_code)]
 
 use crate::apiserver::{FakeApiServer, Settings};
-use gpuscale::controller::config::ControllerConfig;
+pub use gpuscale::controller::config::ControllerConfig;
 use gpuscale::controller::providers::ProviderSet;
 use gpuscale::controller::reconcile::{Controller, ControllerError, ControllerOptions};
 use gpuscale::controller::Observer;
@@ -121,8 +121,7 @@ pub fn pod_json(ns: &str, name: &str, gpus: u32, owner_kind: Option<&str>, node:
     });
     if let Some(kind) = owner_kind {
         let api = if kind == "Job" { "batch/v1" } else { "apps/v1" };
-        p["metadata"]["ownerReferences"] =
-            json!([{"apiVersion": api, "kind": kind, "name": format!("{name}-owner"), "uid": format!("uid-{name}"), "controller": true}]);
+        p["metadata"]["ownerReferences"] = json!([{"apiVersion": api, "kind": kind, "name": format!("{name}-owner"), "uid": format!("uid-{name}"), "controller": true}]);
     }
     if let Some(n) = node {
         p["spec"]["nodeName"] = json!(n);
