@@ -332,3 +332,72 @@ async fn two_replicas_contend_for_the_lease_and_only_the_leader_acts() {
     follow_replica.task.await.unwrap().unwrap();
     driver.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_whose_nodes_never_register_are_removed_and_the_group_backed_off() {
+    let c = Cluster::start(&providers(0), Settings::default()).await;
+    c.register.store(false, std::sync::atomic::Ordering::Relaxed);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config = harness::ControllerConfig { registration_timeout_seconds: 2.0, ..fast_config() };
+    let replica = c.controller("a", config, no_scale_down());
+    c.server.create(pod_json("ml", "train-0", 1, Some("Job"), None));
+    c.server.wait_until(WAIT, "a scale-up", |_| !set_target_calls(&c).is_empty()).await;
+    c.server
+        .wait_until(WAIT, "the unregistered instance deleted", |_| {
+            c.cloud
+                .operations()
+                .iter()
+                .any(|r| matches!(&r.op, Operation::DeleteInstances { error: None, .. }))
+        })
+        .await;
+    // Backed off: the pod still waits, and the group is not grown again meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 1)]);
+    assert_eq!(c.group("gpu-l4").target_size, 0);
+    let backoffs = replica.recorder.with_prefix("backoff: sim/gpu-l4");
+    assert!(backoffs.iter().any(|l| l.contains("no node registered")), "{backoffs:?}");
+    let (plan, _) = replica.recorder.last_plan.lock().unwrap().clone().expect("a plan");
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+    assert!(plan.unschedulable.iter().any(|u| u.pod == "ml/train-0"), "{plan:?}");
+    replica.stop.send_replace(true);
+    replica.task.await.unwrap().unwrap();
+    driver.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_publishes_the_plan_and_changes_nothing() {
+    let (c, _busy, idle) = two_node_cluster(Settings::default()).await;
+    c.schedule.store(false, std::sync::atomic::Ordering::Relaxed);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    c.server.create(pod_json("ml", "huge", 4, Some("Job"), None));
+    let replica = c.controller_with("a", fast_config(), PlannerSettings::default(), true);
+    c.server
+        .wait_until(WAIT, "a dry-run plan with a scale-up", |_| {
+            replica
+                .recorder
+                .last_plan
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|(p, dry)| *dry && !p.scale_ups.is_empty())
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(set_target_calls(&c).is_empty(), "dry run raised a group");
+    let writes: Vec<String> = c
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.method != "GET" && !r.path.contains("/leases"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(writes.is_empty(), "dry run wrote: {writes:?}");
+    let node = c.server.get("nodes", "", &idle).unwrap();
+    assert!(
+        node["spec"]["unschedulable"].is_null()
+            && node["metadata"]["annotations"].get(DRAIN_STARTED_AT).is_none()
+    );
+    replica.stop.send_replace(true);
+    replica.task.await.unwrap().unwrap();
+    driver.abort();
+}

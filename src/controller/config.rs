@@ -148,3 +148,30 @@ impl ControllerConfig {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::GpuscaleConfig;
+    use std::path::Path;
+
+    #[test]
+    fn the_controller_section_parses_and_is_validated() {
+        let p = Path::new("gpuscale.yaml");
+        let c = GpuscaleConfig::parse(
+            p,
+            "controller:\n  batchIdleSeconds: 0.5\n  lease: {durationSeconds: 30, renewSeconds: 10}\n  training: {minRuntimeSeconds: 0}\n",
+        )
+        .unwrap();
+        assert_eq!(c.controller.batch_idle_seconds, 0.5);
+        assert_eq!(c.controller.batch_max_seconds, 10.0);
+        assert_eq!(c.controller.lease.duration_seconds, 30);
+        assert_eq!(c.controller.lease.name, "gpuscale-controller");
+        assert_eq!(c.controller.training.min_runtime_seconds, 0.0);
+        let e = GpuscaleConfig::parse(p, "controller:\n  lease: {durationSeconds: 5, renewSeconds: 5}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gpuscale.yaml") && e.contains("controller.lease.renewSeconds = 5"), "{e}");
+        let e = GpuscaleConfig::parse(p, "controller:\n  drainGraceCap: 5\n").unwrap_err().to_string();
+        assert!(e.contains("drainGraceCap"), "{e}");
+    }
+}

@@ -48,6 +48,8 @@ pub struct Cluster {
     registered: Mutex<BTreeMap<String, (String, Instant)>>,
     /// Whether the harness binds pending pods.
     pub schedule: std::sync::atomic::AtomicBool,
+    /// Whether new instances register Nodes (off: kubelets that never come).
+    pub register: std::sync::atomic::AtomicBool,
 }
 
 /// Node name of an instance: the last path segment of its provider id.
@@ -155,6 +157,7 @@ impl Cluster {
             ready_after: Duration::from_millis(300),
             registered: Mutex::new(BTreeMap::new()),
             schedule: std::sync::atomic::AtomicBool::new(true),
+            register: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -189,7 +192,8 @@ impl Cluster {
     /// Ready after [`Self::ready_after`].
     pub fn kubelet_step(&self) {
         let mut reg = self.registered.lock().unwrap();
-        for g in self.groups() {
+        let register = self.register.load(std::sync::atomic::Ordering::Relaxed);
+        for g in self.groups().into_iter().filter(|_| register) {
             for i in g.instances.iter().filter(|i| i.state == gpuscale::model::InstanceState::Running) {
                 if !reg.contains_key(&i.id) {
                     self.server.create(node_json(&g, &i.id));
@@ -277,6 +281,17 @@ impl Cluster {
     /// Starts a controller replica whose requests carry the replica header `replica` and whose
     /// Lease identity is `replica`. Returns its task, its stop switch and what it reported.
     pub fn controller(&self, replica: &str, config: ControllerConfig, planner: PlannerSettings) -> Replica {
+        self.controller_with(replica, config, planner, false)
+    }
+
+    /// [`Self::controller`], optionally in dry-run mode.
+    pub fn controller_with(
+        &self,
+        replica: &str,
+        config: ControllerConfig,
+        planner: PlannerSettings,
+        dry_run: bool,
+    ) -> Replica {
         let client = self.server.replica_client(replica);
         let providers = Arc::new(ProviderSet::from_simulated(vec![self.cloud.clone()]));
         let recorder = Arc::new(Recorder::default());
@@ -285,7 +300,7 @@ impl Cluster {
             planner,
             identity: replica.to_string(),
             namespace: LEASE_NAMESPACE.to_string(),
-            dry_run: false,
+            dry_run,
             drive_simulated_clock: false,
         };
         let controller = Controller::new(client, providers, options, recorder.clone());
@@ -327,8 +342,8 @@ pub fn fast_config() -> ControllerConfig {
 pub struct Recorder {
     /// `kind: details` per call.
     pub lines: Mutex<Vec<String>>,
-    /// The last plan.
-    pub last_plan: Mutex<Option<Plan>>,
+    /// The last plan and whether it was a dry run.
+    pub last_plan: Mutex<Option<(Plan, bool)>>,
 }
 
 impl Recorder {
@@ -342,8 +357,8 @@ impl Recorder {
 }
 
 impl Observer for Recorder {
-    fn plan_computed(&self, plan: &Plan, _: &ClusterSnapshot, _: bool, _: Duration) {
-        *self.last_plan.lock().unwrap() = Some(plan.clone());
+    fn plan_computed(&self, plan: &Plan, _: &ClusterSnapshot, dry_run: bool, _: Duration) {
+        *self.last_plan.lock().unwrap() = Some((plan.clone(), dry_run));
     }
     fn scaled_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
         self.push(format!("scaled_up: {group} {from}->{to} {}", pods.join(",")));
