@@ -322,19 +322,20 @@ pub struct Replica {
 
 /// Controller settings with test-sized windows.
 pub fn fast_config() -> ControllerConfig {
-    let mut c = ControllerConfig::default();
-    c.batch_idle_seconds = 0.2;
-    c.batch_max_seconds = 1.0;
-    c.resync_seconds = 0.3;
-    c.scale_down_unneeded_seconds = 0.5;
-    c.drain_grace_cap_seconds = 5.0;
-    c.drain_timeout_seconds = 120.0;
-    c.training.min_runtime_seconds = 0.0;
-    c.registration_timeout_seconds = 60.0;
-    c.gang_timeout_seconds = 30.0;
-    c.lease.duration_seconds = 2;
-    c.lease.renew_seconds = 0.3;
-    c
+    let d = ControllerConfig::default();
+    ControllerConfig {
+        batch_idle_seconds: 0.2,
+        batch_max_seconds: 1.0,
+        resync_seconds: 0.3,
+        scale_down_unneeded_seconds: 0.5,
+        drain_grace_cap_seconds: 5.0,
+        drain_timeout_seconds: 120.0,
+        training: gpuscale::controller::config::TrainingProtection { min_runtime_seconds: 0.0, ..d.training },
+        registration_timeout_seconds: 60.0,
+        gang_timeout_seconds: 30.0,
+        lease: gpuscale::controller::config::LeaseConfig { duration_seconds: 2, renew_seconds: 0.3, ..d.lease },
+        ..d
+    }
 }
 
 /// Records the observer calls as lines.
