@@ -475,14 +475,28 @@ async fn patches_merge_json_strategic_and_apply() {
     let err = nodes.patch("n1", &PatchParams::default(), &Patch::Json::<()>(failing)).await.unwrap_err();
     assert_eq!(api_code(&err).0, 422);
 
-    // Strategic merge of pod containers by name.
-    server.create(pod("default", "p", json!({}), Some("n1")));
+    // Strategic merge of pod containers by name: one image changes, the other container stays.
+    let mut two = pod("default", "p", json!({}), Some("n1"));
+    two["spec"]["containers"] =
+        json!([{"name": "main", "image": "busybox"}, {"name": "side", "image": "envoy"}]);
+    server.create(two);
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    let sidecar = json!({"spec": {"containers": [{"name": "side", "image": "envoy"}, {"name": "main", "image": "busybox:2"}]}});
-    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(sidecar)).await.unwrap();
+    let image = json!({"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}});
+    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(image)).await.unwrap();
     let cs: Vec<(String, Option<String>)> =
         p.spec.unwrap().containers.iter().map(|c| (c.name.clone(), c.image.clone())).collect();
     assert_eq!(cs, [("main".into(), Some("busybox:2".into())), ("side".into(), Some("envoy".into()))]);
+    // Pod specs are otherwise immutable, as on a real server (nodeName goes through binding).
+    let add = json!({"spec": {"containers": [{"name": "extra", "image": "x"}]}});
+    let err = pods.patch("p", &PatchParams::default(), &Patch::Strategic(add)).await.unwrap_err();
+    assert_eq!(api_code(&err), (422, "Invalid".into()));
+    let err = pods
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"spec": {"nodeName": "n2"}})))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&err).0, 422);
+    let tol = json!({"spec": {"tolerations": [{"key": "gpuscale.io/draining", "operator": "Exists"}]}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(tol)).await.unwrap();
 
     // Server-side apply: creates when absent, merges after, and drops what the same manager
     // stopped applying.
@@ -660,4 +674,200 @@ async fn fault_injection_and_request_log() {
     assert!(log.iter().all(|r| r.replica.as_deref() == Some("r1")));
     assert_eq!(log[0].content_type.as_deref(), Some("application/merge-patch+json"));
     assert!(log[0].body.contains("unschedulable"));
+}
+
+#[tokio::test]
+async fn binding_assigns_pods_and_deleting_a_node_collects_its_pods() {
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    server.create(pod("default", "b", json!({}), None));
+    server.create(pod("default", "elsewhere", json!({}), Some("n2")));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "b"},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}});
+    let ok: kube::core::Status =
+        pods.create_subresource("binding", "b", &PostParams::default(), &binding).await.unwrap();
+    assert_eq!(ok.code, 201);
+    let bound = pods.get("b").await.unwrap();
+    assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("n1"));
+    let scheduled = bound.status.unwrap().conditions.unwrap();
+    assert!(scheduled.iter().any(|c| c.type_ == "PodScheduled" && c.status == "True"));
+    let again = pods
+        .create_subresource::<_, kube::core::Status>("binding", "b", &PostParams::default(), &binding)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&again), (409, "Conflict".into()));
+    // POST on the all-namespaces path is not allowed.
+    let all: Api<Pod> = Api::all(server.client());
+    let p: Pod = serde_json::from_value(pod("default", "x", json!({}), None)).unwrap();
+    assert_eq!(api_code(&all.create(&PostParams::default(), &p).await.unwrap_err()).0, 405);
+
+    Api::<Node>::all(server.client()).delete("n1", &DeleteParams::default()).await.unwrap();
+    assert!(server.get("pod", "default", "b").is_none(), "pods of a deleted node are collected");
+    assert!(server.get("pod", "default", "elsewhere").is_some());
+}
+
+#[tokio::test]
+async fn streaming_list_watcher_converges() {
+    let server = FakeApiServer::start().await;
+    for i in 0..3 {
+        server.create(pod("default", &format!("s{i}"), json!({"app": "s"}), None));
+    }
+    let api: Api<Pod> = Api::all(server.client());
+    let (reader, writer) = reflector::store::<Pod>();
+    let cfg = watcher::Config::default().streaming_lists();
+    let task = tokio::spawn(reflector(writer, watcher(api, cfg)).default_backoff().for_each(|_| async {}));
+    tokio::time::timeout(WAIT, reader.wait_until_ready()).await.expect("streaming list ready").unwrap();
+    converge(&server, &reader, "streaming initial events").await;
+    server.create(pod("default", "s9", json!({}), None));
+    server.delete("pods", "default", "s0").unwrap();
+    converge(&server, &reader, "streaming live events").await;
+    assert!(server.requests().iter().any(|r| r.param("sendInitialEvents").as_deref() == Some("true")));
+    task.abort();
+}
+
+#[tokio::test]
+async fn podgroups_are_served_as_a_custom_resource() {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let server = FakeApiServer::start().await;
+    let gvk = GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "podgroups");
+    let api: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ar);
+    let mut pg = DynamicObject::new("train", &ar);
+    pg.data = json!({"spec": {"minMember": 4}, "status": {"phase": "Ignored"}});
+    let created = api.create(&PostParams::default(), &pg).await.unwrap();
+    assert!(created.data.get("status").is_none(), "status is dropped on create with a status subresource");
+    let st = json!({"status": {"phase": "Running", "running": 4}});
+    api.patch_status("train", &PatchParams::default(), &Patch::Merge(&st)).await.unwrap();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(
+        list.items[0].types.as_ref().map(|t| t.kind.as_str()),
+        Some("PodGroup"),
+        "CR list items keep kind"
+    );
+    assert_eq!(list.items[0].data["status"]["phase"], "Running");
+    let smp = api
+        .patch("train", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"minMember": 2}})))
+        .await;
+    assert_eq!(api_code(&smp.unwrap_err()).0, 415, "custom resources refuse strategic merge patch");
+    let raw = server.get("podgroup", "default", "train").unwrap();
+    assert_eq!(raw["spec"]["minMember"], 4);
+}
+
+#[tokio::test]
+async fn shutdown_ends_watches_and_refuses_connections() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    api.list(&ListParams::default()).await.unwrap();
+    let mut stream = api.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    server.shutdown().await;
+    tokio::time::timeout(WAIT, async { while stream.next().await.is_some() {} })
+        .await
+        .expect("the watch ends");
+    assert!(api.list(&ListParams::default()).await.is_err(), "a stopped server answers nothing");
+}
+
+#[tokio::test]
+async fn events_written_through_either_api_are_one_store() {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    let client = server.client();
+    let reporter = Reporter { controller: "gpuscale".into(), instance: Some("replica-a".into()) };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let reference = ObjectReference {
+        kind: Some("Node".into()),
+        name: Some("n1".into()),
+        api_version: Some("v1".into()),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Cordoned".into(),
+        note: Some("draining for scale-down".into()),
+        action: "Drain".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    // The second identical event becomes a series (a merge patch of the same object).
+    recorder.publish(&ev, &reference).await.unwrap();
+
+    let new_api: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let new = new_api.list(&ListParams::default().fields("regarding.name=n1")).await.unwrap();
+    assert_eq!(new.items.len(), 1);
+    assert_eq!(new.items[0].note.as_deref(), Some("draining for scale-down"));
+    assert_eq!(new.items[0].series.as_ref().map(|s| s.count), Some(2));
+    let core_api: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let core =
+        core_api.list(&ListParams::default().fields("involvedObject.name=n1,reason=Cordoned")).await.unwrap();
+    assert_eq!(core.items.len(), 1);
+    assert_eq!(core.items[0].message.as_deref(), Some("draining for scale-down"));
+    assert_eq!(core.items[0].reporting_component.as_deref(), Some("gpuscale"));
+    assert_eq!(core.items[0].involved_object.kind.as_deref(), Some("Node"));
+    let stored = server.list("events.k8s.io", Some("default"));
+    assert_eq!(stored[0]["regarding"]["name"], "n1");
+    assert_eq!(server.list("Event", Some("default"))[0]["involvedObject"]["name"], "n1");
+}
+
+#[tokio::test]
+async fn dry_run_keeps_nothing_and_eviction_delete_options_are_dropped_like_the_real_server() {
+    let server = FakeApiServer::start_with(Settings {
+        graceful_pod_deletion: true,
+        max_grace_period: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    server.create(pod("default", "d1", json!({"app": "train"}), Some("n1")));
+    server.set_pod_phase("default", "d1", "Running");
+    server.create(pdb("train", json!(1)));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let dry = EvictParams {
+        post_options: PostParams { dry_run: true, ..Default::default() },
+        ..Default::default()
+    };
+    assert_eq!(
+        api_code(&pods.evict("d1", &dry).await.unwrap_err()).0,
+        429,
+        "a dry run answers the real refusal"
+    );
+    server.create(pod("default", "d2", json!({"app": "train"}), Some("n1")));
+    server.set_pod_phase("default", "d2", "Running");
+    let rv = server.resource_version();
+    pods.evict("d1", &dry).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dry"}})).unwrap();
+    cms.create(&PostParams { dry_run: true, ..Default::default() }, &cm).await.unwrap();
+    assert_eq!(server.resource_version(), rv, "dry runs write nothing");
+    assert!(server.get("pod", "default", "d1").unwrap()["metadata"]["deletionTimestamp"].is_null());
+    assert!(server.get("configmap", "default", "dry").is_none());
+
+    // kube 5 serializes EvictParams::delete_options as `delete_options`; the API server does
+    // not know that field and drops it, so the pod gets its own grace period, not 0.
+    let ep = EvictParams {
+        delete_options: Some(DeleteParams { grace_period_seconds: Some(0), ..Default::default() }),
+        ..Default::default()
+    };
+    pods.evict("d1", &ep).await.unwrap();
+    let d1 = server.get("pod", "default", "d1").expect("terminating, not gone");
+    assert_eq!(d1["metadata"]["deletionGracePeriodSeconds"], 30);
+    let sent = server.requests().into_iter().rev().find(|r| r.path.ends_with("/d1/eviction")).unwrap();
+    assert!(sent.body.contains("delete_options"), "{}", sent.body);
+}
+
+#[tokio::test]
+async fn the_production_client_retries_transient_errors_inside_kube() {
+    let server = FakeApiServer::start().await;
+    server.create(node("n1"));
+    server.fail_next("GET", "/api/v1/nodes/n1", 503, 2);
+    let nodes: Api<Node> = Api::all(server.client_with_retries());
+    assert_eq!(nodes.get("n1").await.unwrap().name_any(), "n1");
+    let statuses: Vec<u16> = server.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [503, 503, 200], "kube's default retry hides two 503s");
+    // The test client does not retry: the caller sees the error.
+    server.fail_next("GET", "/api/v1/nodes/n1", 503, 1);
+    let plain: Api<Node> = Api::all(server.client());
+    assert_eq!(api_code(&plain.get("n1").await.unwrap_err()).0, 503);
 }

@@ -30,6 +30,30 @@
 //! assert!(server.requests().iter().any(|r| r.replica.as_deref() == Some("a")));
 //! ```
 //!
+//! # The handle
+//!
+//! [`FakeApiServer::start`] / [`FakeApiServer::start_with`] ([`Settings`]), `url()`, `client()`
+//! (no retries), `client_with_retries()` (kube's default retry, like `Client::try_default()`),
+//! `replica_client(id)` / `client_with_header(..)`; fixtures that bypass HTTP: `create`,
+//! `try_create`, `apply`, `get`, `list`, `update`, `delete`, `set_pod_phase`, `set_pod_ready`,
+//! `set_node_ready`; faults: `fail_next`, `inject_fault(Fault::new(..).retry_after(..))`,
+//! `pending_faults`; observation: `requests()` ([`RecordedRequest`]: method, path, query,
+//! content type, replica header, status, body), `resource_version`, `active_watches`,
+//! `expired_watches`, `wait_until`; watch control: `disconnect_watches`, `expire_history`;
+//! `shutdown()` (or drop).
+//!
+//! # Real-server behaviours worth knowing (reproduced here)
+//!
+//! - kube's default client retries 429/503/504 up to 15 times and honours `Retry-After`; an
+//!   eviction refused by a PDB answers 429 with `Retry-After: 10`, so with
+//!   `Client::try_default()` a refused `evict` returns only after minutes of retries.
+//! - kube 5 sends `EvictParams::delete_options` as a `delete_options` field the API server does
+//!   not know: it is dropped (with a `Warning` header), so grace periods and preconditions set
+//!   there have no effect. The pod's own grace period applies.
+//! - Node `spec.taints` is an atomic list: a strategic merge patch carrying one taint replaces
+//!   them all. Read, modify, and write back with the resourceVersion (409 on a race).
+//! - More than one PDB matching a pod makes its eviction fail with 500.
+//!
 //! # What it implements
 //!
 //! - Resources (see `resources.rs`): core/v1 namespaces, nodes, pods, configmaps, events,
@@ -53,7 +77,13 @@
 //!   resourceVersion is a precondition: 409 Conflict), delete (preconditions,
 //!   gracePeriodSeconds, finalizers; optional graceful pod deletion), deletecollection, patch
 //!   (merge, JSON, strategic merge, server-side apply), `/status` for nodes, pods, PDBs,
-//!   namespaces, services and podgroups.
+//!   namespaces, services and podgroups; pods/binding (what a scheduler calls).
+//! - core/v1 and events.k8s.io/v1 Events are one store seen through the real field conversion
+//!   (regarding/involvedObject, note/message, reportingController/reportingComponent,
+//!   deprecated* fields), so an event written through one API is visible through the other.
+//! - Deleting a Node deletes its pods (pod garbage collection, `Settings::gc_pods_of_deleted_nodes`);
+//!   deleting a Namespace deletes its contents.
+//! - `dryRun=All` on every write: the real answer (errors included), nothing kept or watched.
 //! - pods/eviction with the real checks and the 429 `TooManyRequests` refusal, and PDB status
 //!   maintained like the disruption controller does, synchronously on every pod/PDB change.
 //!
@@ -65,9 +95,10 @@
 //! - Server-side apply: create-or-merge with the same list semantics, and fields the same
 //!   manager applied before and now omits are removed; no managedFields, no conflict detection
 //!   between managers (`force` is accepted and has no effect).
-//! - core/v1 and events.k8s.io/v1 events are stored separately (the real server converts).
 //! - PDB percentages and maxUnavailable count the matching pods, not the owners' scale.
-//! - No admission, no validation beyond names, namespaces, kinds and resourceVersions.
+//! - No admission, no validation beyond names, namespaces, kinds, resourceVersions and the pod
+//!   spec's immutability on update (images, activeDeadlineSeconds, added tolerations and removed
+//!   scheduling gates only; fixtures written through the handle bypass it).
 //! - `resourceVersionMatch=Exact` lists only serve the current resourceVersion.
 
 // Each test crate uses a different part of the handle.
@@ -113,6 +144,9 @@ pub struct Settings {
     pub eviction_retry_after_seconds: u64,
     /// Namespaces that exist at start.
     pub namespaces: Vec<String>,
+    /// Deleting a Node deletes the pods bound to it (the pod garbage collector's job; the real
+    /// one waits ~40 s first).
+    pub gc_pods_of_deleted_nodes: bool,
 }
 
 impl Default for Settings {
@@ -127,6 +161,7 @@ impl Default for Settings {
             namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
                 .map(String::from)
                 .to_vec(),
+            gc_pods_of_deleted_nodes: true,
         }
     }
 }
@@ -250,10 +285,13 @@ impl Shared {
     }
 }
 
-/// The running fake API server. Dropping it stops the listener and ends open watches.
+/// The running fake API server. Dropping it (or [`FakeApiServer::shutdown`]) ends open watches,
+/// stops accepting connections and closes idle ones; requests still arriving on an open
+/// connection are answered 503.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 fn resource(kind: &str) -> usize {
@@ -279,12 +317,34 @@ impl FakeApiServer {
             runtime: tokio::runtime::Handle::current(),
         });
         let app = axum::Router::new().fallback(server::handle).with_state(shared.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
                 eprintln!("fake apiserver on {addr} stopped: {e}");
             }
         });
-        Self { shared, task }
+        Self { shared, task: Some(task), stop: Some(stop) }
+    }
+
+    /// Stops the server and waits (up to 10 s) until its listener is closed.
+    pub async fn shutdown(mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    fn signal_stop(&mut self) {
+        self.with(|s, _| {
+            s.closed = true;
+            s.notify.send_replace(s.rv);
+        });
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -304,6 +364,16 @@ impl FakeApiServer {
     /// A kube client for this server (see [`Self::config`]).
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.config()).expect("fake apiserver: building a kube client")
+    }
+
+    /// A client as `kube::Client::try_default()` builds it for the controller: kube's default
+    /// retry of 429/503/504 on (up to 15 attempts with exponential backoff from 5 ms, or the
+    /// server's Retry-After when longer). Use it to test what production sees, e.g. that a PDB
+    /// refusal (429, Retry-After 10 s) is retried inside the client before the caller sees it.
+    pub fn client_with_retries(&self) -> kube::Client {
+        let mut c = self.config();
+        c.default_retry = true;
+        kube::Client::try_from(c).expect("fake apiserver: building a kube client")
     }
 
     /// A client that sends an extra header with every request.
@@ -370,7 +440,7 @@ impl FakeApiServer {
     /// `events.k8s.io` (plain `Event` is core/v1).
     pub fn get(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
         let res = resource(kind);
-        self.with(|s, _| s.get(res, ns, name).cloned())
+        self.with(|s, _| s.get(res, ns, name))
     }
 
     /// Stored objects of a kind, in one namespace or (`None`) all, ordered by namespace/name.
@@ -384,10 +454,8 @@ impl FakeApiServer {
     pub fn update(&self, kind: &str, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Value {
         let res = resource(kind);
         self.with(|s, now| {
-            let mut o = s
-                .get(res, ns, name)
-                .cloned()
-                .unwrap_or_else(|| panic!("fake apiserver: no {kind} {ns}/{name}"));
+            let mut o =
+                s.get(res, ns, name).unwrap_or_else(|| panic!("fake apiserver: no {kind} {ns}/{name}"));
             if let Some(m) = o["metadata"].as_object_mut() {
                 m.remove("resourceVersion");
             }
@@ -515,10 +583,6 @@ fn set_conditions(obj: &mut Value, types: &[&str], on: bool) {
 
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
-        self.with(|s, _| {
-            s.closed = true;
-            s.notify.send_replace(s.rv);
-        });
-        self.task.abort();
+        self.signal_stop();
     }
 }

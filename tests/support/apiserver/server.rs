@@ -9,6 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::Response;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -53,6 +54,9 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
     let content_type = header_str(header::CONTENT_TYPE.as_str());
     let replica = header_str(REPLICA_HEADER);
     let fault = shared.with(|s, _| {
+        if s.closed {
+            return Some(ApiError::new(503, "ServiceUnavailable", "the fake apiserver is shutting down"));
+        }
         let i = s.faults.iter().position(|f| f.matches(method.as_str(), &path))?;
         let f = &mut s.faults[i];
         f.times -= 1;
@@ -152,6 +156,10 @@ fn resource_list(g: &str, v: &str) -> Value {
         }
         if rk.plural == "pods" && g.is_empty() {
             resources.push(json!({
+                "name": "pods/binding", "singularName": "", "namespaced": true,
+                "kind": "Binding", "verbs": ["create"],
+            }));
+            resources.push(json!({
                 "name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy",
                 "version": "v1", "kind": "Eviction", "verbs": ["create"],
             }));
@@ -201,7 +209,32 @@ async fn resource_route(
                     }
                     let ev: Value = serde_json::from_slice(body)
                         .map_err(|e| ApiError::bad_request(format!("decoding the Eviction: {e}")))?;
-                    shared.with(|s, now| s.evict(ns, name, &ev, now))?;
+                    write(shared, query, |s, now| s.evict(ns, name, &ev, now))?;
+                    let mut resp = json_response(
+                        201,
+                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                    );
+                    // fieldValidation=Warn (the default): unknown fields are dropped with a
+                    // warning. kube 5 sends `delete_options`, which the real server ignores.
+                    let known = ["apiVersion", "kind", "metadata", "deleteOptions"];
+                    for k in ev.as_object().into_iter().flat_map(|o| o.keys()) {
+                        if !known.contains(&k.as_str()) {
+                            if let Ok(v) =
+                                HeaderValue::from_str(&format!("299 - \"unknown field \\\"{k}\\\"\""))
+                            {
+                                resp.headers_mut().append(header::WARNING, v);
+                            }
+                        }
+                    }
+                    Ok(resp)
+                }
+                Some("binding") if res == r::PODS => {
+                    if method != Method::POST {
+                        return Err(ApiError::method_not_allowed());
+                    }
+                    let b: Value = serde_json::from_slice(body)
+                        .map_err(|e| ApiError::bad_request(format!("decoding the Binding: {e}")))?;
+                    write(shared, query, |s, now| s.bind(ns, name, &b, now))?;
                     Ok(json_response(
                         201,
                         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -211,6 +244,19 @@ async fn resource_route(
             }
         }
         _ => Err(not_found_path()),
+    }
+}
+
+/// Runs a write, or with `dryRun=All` runs it on a scratch copy of the store so the answer is
+/// the real one (errors included) and nothing is persisted or watched.
+fn write<R>(shared: &Arc<Shared>, query: &Query, f: impl FnOnce(&mut Store, Timestamp) -> R) -> R {
+    if query.get("dryRun").is_some_and(|v| v == "All") {
+        shared.with(|s, now| {
+            let mut scratch = s.scratch_copy();
+            f(&mut scratch, now)
+        })
+    } else {
+        shared.with(f)
     }
 }
 
@@ -293,14 +339,17 @@ async fn collection(
             ))
         }
         Method::POST => {
+            if rk.namespaced && ns.is_none() {
+                return Err(ApiError::method_not_allowed());
+            }
             let obj = parse_json(body)?;
-            let created = shared.with(|s, now| s.create(res, ns, obj, true, now))?;
+            let created = write(shared, query, |s, now| s.create(res, ns, obj, true, now))?;
             Ok(json_response(201, &created))
         }
         Method::DELETE => {
             let sel = Store::selectors(res, q("labelSelector"), q("fieldSelector"))?;
             let opts = delete_options(query, body)?;
-            let deleted = shared.with(|s, now| -> Result<Vec<Value>, ApiError> {
+            let deleted = write(shared, query, |s, now| -> Result<Vec<Value>, ApiError> {
                 let targets: Vec<(String, String)> = s
                     .all(res, ns)
                     .into_iter()
@@ -342,12 +391,12 @@ fn object(
 ) -> Result<Response, ApiError> {
     match *method {
         Method::GET => {
-            let obj = shared.with(|s, _| s.get(res, ns, name).cloned());
+            let obj = shared.with(|s, _| s.get(res, ns, name));
             obj.map(|o| json_response(200, &o)).ok_or_else(|| ApiError::not_found(&RESOURCES[res], name))
         }
         Method::PUT => {
             let obj = parse_json(body)?;
-            let stored = shared.with(|s, now| s.update(res, ns, name, obj, sub, now))?;
+            let stored = write(shared, query, |s, now| s.update(res, ns, name, obj, sub, now))?;
             Ok(json_response(200, &stored))
         }
         Method::PATCH => {
@@ -365,12 +414,12 @@ fn object(
             })?;
             let manager = query.get("fieldManager").map(String::as_str);
             let (stored, created) =
-                shared.with(|s, now| s.patch(res, ns, name, ptype, body, sub, manager, now))?;
+                write(shared, query, |s, now| s.patch(res, ns, name, ptype, body, sub, manager, now))?;
             Ok(json_response(if created { 201 } else { 200 }, &stored))
         }
         Method::DELETE if sub == Sub::Main => {
             let opts = delete_options(query, body)?;
-            let (obj, gone) = shared.with(|s, now| s.delete(res, ns, name, &opts, now))?;
+            let (obj, gone) = write(shared, query, |s, now| s.delete(res, ns, name, &opts, now))?;
             Ok(json_response(if gone { 200 } else { 202 }, &obj))
         }
         _ => Err(ApiError::method_not_allowed()),

@@ -267,6 +267,7 @@ pub struct Scheduled {
     pub after: Duration,
 }
 
+#[derive(Clone)]
 struct Snapshot {
     rv: u64,
     items: Vec<Value>,
@@ -307,6 +308,60 @@ pub struct Store {
     pub notify: tokio::sync::watch::Sender<u64>,
 }
 
+/// Where a resource's objects live: events.k8s.io/v1 events are core/v1 events seen through a
+/// conversion, as on the real server.
+fn storage(res: usize) -> usize {
+    if res == r::EVENTS_V1 {
+        r::EVENTS
+    } else {
+        res
+    }
+}
+
+/// events.k8s.io/v1 field name <-> core/v1 field name.
+const EVENT_FIELDS: &[(&str, &str)] = &[
+    ("regarding", "involvedObject"),
+    ("note", "message"),
+    ("reportingController", "reportingComponent"),
+    ("deprecatedSource", "source"),
+    ("deprecatedFirstTimestamp", "firstTimestamp"),
+    ("deprecatedLastTimestamp", "lastTimestamp"),
+    ("deprecatedCount", "count"),
+];
+
+fn rename_fields(obj: Value, to_core: bool, api_version: &str) -> Value {
+    let Value::Object(m) = obj else { return obj };
+    let mut out = Map::new();
+    for (k, v) in m {
+        let renamed = EVENT_FIELDS
+            .iter()
+            .find(|(v1, core)| if to_core { v1 == &k } else { core == &k })
+            .map(|(v1, core)| if to_core { core.to_string() } else { v1.to_string() });
+        out.insert(renamed.unwrap_or(k), v);
+    }
+    out.insert("apiVersion".into(), json!(api_version));
+    out.insert("kind".into(), json!("Event"));
+    Value::Object(out)
+}
+
+/// An object as resource `res` serves it.
+fn to_view(res: usize, obj: Value) -> Value {
+    if res == r::EVENTS_V1 {
+        rename_fields(obj, false, "events.k8s.io/v1")
+    } else {
+        obj
+    }
+}
+
+/// An object of resource `res` in its storage form.
+fn to_storage(res: usize, obj: Value) -> Value {
+    if res == r::EVENTS_V1 {
+        rename_fields(obj, true, "v1")
+    } else {
+        obj
+    }
+}
+
 /// RFC 3339 at second precision, as metav1.Time serializes.
 pub fn ts(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -336,6 +391,56 @@ fn pod_ready(pod: &Value) -> bool {
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
 }
+
+/// The pod update validation of the real server: the spec is immutable except container
+/// images, activeDeadlineSeconds, added tolerations and removed scheduling gates (bind with
+/// pods/binding to set spec.nodeName).
+fn check_pod_update(old: &Value, new: &Value) -> Result<(), String> {
+    let (Some(os), Some(ns)) = (old.get("spec"), new.get("spec")) else {
+        return if old.get("spec") == new.get("spec") { Ok(()) } else { Err(POD_SPEC_FORBIDDEN.into()) };
+    };
+    let mut masked = ns.clone();
+    for list in ["containers", "initContainers"] {
+        let olds = os.get(list).and_then(Value::as_array).cloned().unwrap_or_default();
+        if let Some(Value::Array(items)) = masked.get_mut(list) {
+            if items.len() == olds.len() {
+                for (n, o) in items.iter_mut().zip(&olds) {
+                    n["image"] = o.get("image").cloned().unwrap_or(Value::Null);
+                    if o.get("image").is_none() {
+                        n.as_object_mut().expect("container").remove("image");
+                    }
+                }
+            }
+        }
+    }
+    let m = masked.as_object_mut().ok_or(POD_SPEC_FORBIDDEN)?;
+    let old_tol = os.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_tol = ns.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !old_tol.iter().all(|t| new_tol.contains(t)) {
+        return Err(POD_SPEC_FORBIDDEN.into());
+    }
+    let old_gates = os.get("schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_gates = ns.get("schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !new_gates.iter().all(|g| old_gates.contains(g)) {
+        return Err("spec.schedulingGates: Forbidden: only deletion is allowed".into());
+    }
+    for k in ["tolerations", "activeDeadlineSeconds", "schedulingGates"] {
+        match os.get(k) {
+            Some(v) => m.insert(k.into(), v.clone()),
+            None => m.remove(k),
+        };
+    }
+    if masked == *os {
+        Ok(())
+    } else {
+        Err(POD_SPEC_FORBIDDEN.into())
+    }
+}
+
+const POD_SPEC_FORBIDDEN: &str = "spec: Forbidden: pod updates may not change fields other than \
+     `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,\
+     `spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` \
+     (allow it to be set to 1 if it was previously negative)";
 
 /// An IntOrString of a PDB against `total` pods, rounding up like the disruption controller.
 fn scaled(v: &Value, total: i64) -> Result<i64, String> {
@@ -382,34 +487,62 @@ impl Store {
         s
     }
 
-    /// The stored object.
-    pub fn get(&self, res: usize, ns: &str, name: &str) -> Option<&Value> {
-        self.objects[res].get(&(ns.to_string(), name.to_string()))
+    /// A copy of the data for a dry run: writes to it are answered but not kept, watched or
+    /// timed.
+    pub fn scratch_copy(&self) -> Store {
+        Store {
+            settings: self.settings.clone(),
+            rv: self.rv,
+            objects: self.objects.clone(),
+            history: VecDeque::new(),
+            compacted: self.compacted,
+            uid_seq: self.uid_seq,
+            name_seq: self.name_seq,
+            continues: BTreeMap::new(),
+            continue_seq: self.continue_seq,
+            applied: self.applied.clone(),
+            faults: Vec::new(),
+            requests: Vec::new(),
+            watch_epoch: self.watch_epoch,
+            active_watches: 0,
+            expired_watches: 0,
+            closed: false,
+            scheduled: Vec::new(),
+            notify: tokio::sync::watch::channel(self.rv).0,
+        }
+    }
+
+    /// The stored object, as `res` serves it.
+    pub fn get(&self, res: usize, ns: &str, name: &str) -> Option<Value> {
+        self.objects[storage(res)].get(&(ns.to_string(), name.to_string())).map(|o| to_view(res, o.clone()))
     }
 
     /// All stored objects of a resource, in one namespace or all, in key order.
     pub fn all(&self, res: usize, ns: Option<&str>) -> Vec<Value> {
-        self.objects[res]
+        self.objects[storage(res)]
             .iter()
             .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| to_view(res, v.clone()))
             .collect()
     }
 
     fn get_or_404(&self, res: usize, ns: &str, name: &str) -> Result<Value, ApiError> {
-        self.get(res, ns, name).cloned().ok_or_else(|| ApiError::not_found(&RESOURCES[res], name))
+        self.get(res, ns, name).ok_or_else(|| ApiError::not_found(&RESOURCES[res], name))
     }
 
     /// Records a write: bumps the resourceVersion, stores or removes, appends to the history,
     /// wakes watches. Returns the object as stored.
-    fn commit(&mut self, res: usize, kind: EventType, old: Option<Value>, mut obj: Value) -> Value {
+    fn commit(&mut self, view: usize, kind: EventType, old: Option<Value>, obj: Value) -> Value {
+        let res = storage(view);
+        let old = old.map(|o| to_storage(view, o));
+        let mut obj = to_storage(view, obj);
         self.rv += 1;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let ns = meta_str(&obj, "namespace").unwrap_or_default().to_string();
         let name = meta_str(&obj, "name").unwrap_or_default().to_string();
         if kind == EventType::Deleted {
             self.objects[res].remove(&(ns.clone(), name.clone()));
-            self.applied.retain(|(r, n, m, _), _| !(*r == res && *n == ns && *m == name));
+            self.applied.retain(|(r, n, m, _), _| !(storage(*r) == res && *n == ns && *m == name));
         } else {
             self.objects[res].insert((ns.clone(), name), obj.clone());
         }
@@ -420,7 +553,7 @@ impl Store {
             }
         }
         self.notify.send_replace(self.rv);
-        obj
+        to_view(view, obj)
     }
 
     fn next_uid(&mut self) -> String {
@@ -681,6 +814,9 @@ impl Store {
                         }
                     }
                 }
+                if res == r::PODS && sub == Sub::Main {
+                    check_pod_update(&old, &o).map_err(|why| ApiError::invalid(rk, name, &why))?;
+                }
                 let strip = |v: &Value| {
                     let mut v = v.clone();
                     if let Some(m) = v.as_object_mut() {
@@ -783,8 +919,9 @@ impl Store {
                         rk.kind
                     )));
                 }
-                let key = (res, ns.to_string(), name.to_string(), manager.to_string());
-                match self.get(res, ns, name).cloned() {
+                // Main resource and status are applied separately.
+                let key = (res, ns.to_string(), name.to_string(), format!("{manager}/{sub:?}"));
+                match self.get(res, ns, name) {
                     None => {
                         if sub == Sub::Status {
                             return Err(ApiError::not_found(rk, name));
@@ -907,8 +1044,8 @@ impl Store {
         let name = meta_str(&obj, "name").unwrap_or_default().to_string();
         let stored = self.commit(res, EventType::Deleted, Some(obj.clone()), obj);
         if res == r::NAMESPACES {
-            for other in 0..RESOURCES.len() {
-                if !RESOURCES[other].namespaced {
+            for (other, rk) in RESOURCES.iter().enumerate() {
+                if !rk.namespaced {
                     continue;
                 }
                 for o in self.all(other, Some(&name)) {
@@ -917,12 +1054,24 @@ impl Store {
             }
         }
         self.after_change(res, ns, now);
+        if res == r::NODES && self.settings.gc_pods_of_deleted_nodes {
+            // The pod garbage collector removes the pods bound to a node that is gone.
+            let orphans: Vec<Value> = self
+                .all(r::PODS, None)
+                .into_iter()
+                .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(name.as_str()))
+                .collect();
+            for p in orphans {
+                let pns = meta_str(&p, "namespace").unwrap_or_default().to_string();
+                self.finish_delete(r::PODS, &pns, p, now)?;
+            }
+        }
         Ok((stored, true))
     }
 
     /// The end of a pod's grace period (what the kubelet does): remove it unless finalizers hold it.
     pub fn finish_graceful(&mut self, s: &Scheduled, now: Timestamp) {
-        let Some(obj) = self.get(s.res, &s.ns, &s.name).cloned() else { return };
+        let Some(obj) = self.get(s.res, &s.ns, &s.name) else { return };
         if meta_str(&obj, "uid") != Some(s.uid.as_str())
             || obj.pointer("/metadata/deletionTimestamp").is_none()
         {
@@ -1178,6 +1327,65 @@ impl Store {
         Ok(())
     }
 
+    /// The pods/binding subresource (core/v1 Binding), what a scheduler calls: sets
+    /// `spec.nodeName` and the PodScheduled condition; a pod already assigned or being deleted
+    /// is a 409 Conflict, like the real server.
+    pub fn bind(&mut self, ns: &str, name: &str, body: &Value, now: Timestamp) -> Result<(), ApiError> {
+        let rk = &RESOURCES[r::PODS];
+        if let Some(n) = body.pointer("/metadata/name").and_then(Value::as_str) {
+            if n != name {
+                return Err(ApiError::bad_request(format!(
+                    "name in URL does not match name in Binding object: {name} != {n}"
+                )));
+            }
+        }
+        let target_kind = body.pointer("/target/kind").and_then(Value::as_str).unwrap_or("Node");
+        let node = body.pointer("/target/name").and_then(Value::as_str).unwrap_or_default();
+        if !(target_kind.is_empty() || target_kind == "Node") || node.is_empty() {
+            return Err(ApiError::invalid(
+                &RESOURCES[r::PODS],
+                name,
+                &format!("target: Invalid value: must name a Node, got kind {target_kind:?} name {node:?}"),
+            ));
+        }
+        let pod = self.get_or_404(r::PODS, ns, name)?;
+        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                rk,
+                name,
+                &format!("pod {name} is being deleted, cannot be assigned to a host"),
+            ));
+        }
+        let current = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
+        if !current.is_empty() {
+            return Err(ApiError::conflict(
+                rk,
+                name,
+                &format!("pod {name} is already assigned to node {current:?}"),
+            ));
+        }
+        let mut new = pod.clone();
+        new["spec"]["nodeName"] = json!(node);
+        if let Some(a) = body.pointer("/metadata/annotations").and_then(Value::as_object) {
+            let m = meta_mut(&mut new);
+            if !m.get("annotations").is_some_and(Value::is_object) {
+                m.insert("annotations".into(), json!({}));
+            }
+            for (k, v) in a {
+                m["annotations"][k] = v.clone();
+            }
+        }
+        if !new["status"]["conditions"].is_array() {
+            new["status"]["conditions"] = json!([]);
+        }
+        let conds = new["status"]["conditions"].as_array_mut().expect("conditions");
+        conds.retain(|c| c["type"] != "PodScheduled");
+        conds.push(json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(now)}));
+        self.commit(r::PODS, EventType::Modified, Some(pod), new);
+        self.after_change(r::PODS, ns, now);
+        Ok(())
+    }
+
     fn check_preconditions(&self, obj: &Value, opts: &DeleteOptions) -> Result<(), ApiError> {
         let name = meta_str(obj, "name").unwrap_or_default();
         let rk = &RESOURCES[r::PODS];
@@ -1211,11 +1419,13 @@ impl Store {
         ns: Option<&str>,
         sel: &Selectors,
     ) -> Option<(EventType, Value)> {
-        if ev.res != res || ns.is_some_and(|n| n != ev.ns) {
+        if ev.res != storage(res) || ns.is_some_and(|n| n != ev.ns) {
             return None;
         }
-        let now_matches = sel.matches(&ev.obj);
-        let before = ev.old.as_ref().is_some_and(|o| sel.matches(o));
+        let obj = to_view(res, ev.obj.clone());
+        let old = ev.old.clone().map(|o| to_view(res, o));
+        let now_matches = sel.matches(&obj);
+        let before = old.as_ref().is_some_and(|o| sel.matches(o));
         let kind = match ev.kind {
             EventType::Added => now_matches.then_some(EventType::Added),
             EventType::Deleted => (before || now_matches).then_some(EventType::Deleted),
@@ -1226,7 +1436,7 @@ impl Store {
                 (false, false) => None,
             },
         }?;
-        Some((kind, ev.obj.clone()))
+        Some((kind, obj))
     }
 
     /// Forgets the whole event history: any watch resuming from a resourceVersion issued so far
