@@ -160,7 +160,11 @@ async fn an_underused_node_is_drained_and_deleted() {
     c.server.wait_until(WAIT, "instance gone", |_| !live_instances(&c).contains(&idle_instance)).await;
     assert_eq!(c.group("gpu-l4").target_size, 1);
     assert!(replica.recorder.with_prefix("drain_started").iter().any(|l| l.contains(&idle)));
-    assert!(replica.recorder.with_prefix("node_deleted").iter().any(|l| l.contains(&idle)));
+    c.server
+        .wait_until(WAIT, "node_deleted reported", |_| {
+            replica.recorder.with_prefix("node_deleted").iter().any(|l| l.contains(&idle))
+        })
+        .await;
     replica.stop.send_replace(true);
     replica.task.await.unwrap().unwrap();
     driver.abort();
@@ -266,7 +270,11 @@ async fn a_restart_mid_drain_resumes_without_losing_pods() {
         .map(|r| format!("{:?} {} {}", r.replica, r.path, r.status))
         .collect();
     assert!(writers.contains("b"), "the new leader evicted the rest: {log:#?}");
-    assert!(second.recorder.with_prefix("node_deleted").iter().any(|l| l.contains(&idle)));
+    c.server
+        .wait_until(WAIT, "node_deleted reported", |_| {
+            second.recorder.with_prefix("node_deleted").iter().any(|l| l.contains(&idle))
+        })
+        .await;
     second.stop.send_replace(true);
     second.task.await.unwrap().unwrap();
     driver.abort();
@@ -396,6 +404,84 @@ async fn dry_run_publishes_the_plan_and_changes_nothing() {
     assert!(
         node["spec"]["unschedulable"].is_null()
             && node["metadata"]["annotations"].get(DRAIN_STARTED_AT).is_none()
+    );
+    replica.stop.send_replace(true);
+    replica.task.await.unwrap().unwrap();
+    driver.abort();
+}
+
+fn gang_pod(i: usize) -> serde_json::Value {
+    let mut p = pod_json("ml", &format!("worker-{i}"), 1, Some("Job"), None);
+    p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+    p
+}
+
+fn pod_group(min: u32) -> serde_json::Value {
+    json!({
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "llm", "namespace": "ml"},
+        "spec": {"minMember": min}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_scales_up_all_or_nothing() {
+    let c = Cluster::start(&providers(0), Settings::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    c.server.create(pod_group(6));
+    let replica = c.controller("a", fast_config(), no_scale_down());
+    for i in 0..6 {
+        c.server.create(gang_pod(i));
+    }
+    c.server
+        .wait_until(WAIT, "the whole gang running", |s| {
+            (0..6).all(|i| {
+                s.get("pods", "ml", &format!("worker-{i}")).is_some_and(|p| p["status"]["phase"] == "Running")
+            })
+        })
+        .await;
+    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    assert_eq!(live_instances(&c).len(), 2);
+    replica.stop.send_replace(true);
+    replica.task.await.unwrap().unwrap();
+    driver.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
+    let c = Cluster::start(&providers(0), Settings::default()).await;
+    // The zone has room for one node; the gang needs two.
+    c.cloud.set_zone_capacity("us-east-1a", Some(1));
+    c.schedule.store(false, std::sync::atomic::Ordering::Relaxed);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    c.server.create(pod_group(6));
+    let config = harness::ControllerConfig { gang_timeout_seconds: 2.0, ..fast_config() };
+    let replica = c.controller("a", config, no_scale_down());
+    for i in 0..6 {
+        c.server.create(gang_pod(i));
+    }
+    c.server
+        .wait_until(WAIT, "the gang scale-up rolled back", |_| {
+            // The launched instance deleted (target 2 -> 1), then the old target restored.
+            set_target_calls(&c).last().is_some_and(|&(_, to)| to == 0) && live_instances(&c).is_empty()
+        })
+        .await;
+    assert_eq!(set_target_calls(&c)[0], (0, 2));
+    c.server
+        .wait_until(WAIT, "the backoff reported", |_| {
+            !replica.recorder.with_prefix("backoff: sim/gpu-l4").is_empty()
+        })
+        .await;
+    let failed = replica.recorder.with_prefix("scale_up_failed: sim/gpu-l4");
+    assert!(failed.iter().any(|l| l.contains("not all gang instances ran")), "{failed:?}");
+    assert!(!replica.recorder.with_prefix("backoff: sim/gpu-l4").is_empty());
+    // Backed off: not raised again right away.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        set_target_calls(&c).iter().filter(|(_, to)| *to > 0).count(),
+        1,
+        "{:?}",
+        set_target_calls(&c)
     );
     replica.stop.send_replace(true);
     replica.task.await.unwrap().unwrap();

@@ -333,7 +333,11 @@ pub fn fast_config() -> ControllerConfig {
         training: gpuscale::controller::config::TrainingProtection { min_runtime_seconds: 0.0, ..d.training },
         registration_timeout_seconds: 60.0,
         gang_timeout_seconds: 30.0,
-        lease: gpuscale::controller::config::LeaseConfig { duration_seconds: 2, renew_seconds: 0.3, ..d.lease },
+        lease: gpuscale::controller::config::LeaseConfig {
+            duration_seconds: 2,
+            renew_seconds: 0.3,
+            ..d.lease
+        },
         ..d
     }
 }
