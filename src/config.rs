@@ -19,6 +19,8 @@ pub struct GpuscaleConfig {
     pub telemetry: crate::model::TelemetrySettings,
     /// Tenants, cohorts, GPU quotas, fair sharing and preemption (absent: no multi-tenancy).
     pub tenancy: Option<crate::tenancy::TenancyConfig>,
+    /// In-cluster controller knobs (`gpuscale run`): batching, drain, readiness, leader election.
+    pub controller: crate::controller::config::ControllerConfig,
 }
 
 impl GpuscaleConfig {
@@ -51,6 +53,9 @@ impl GpuscaleConfig {
                 value: utilization.to_string(),
                 reason: "must be between 0 and 1".into(),
             });
+        }
+        if let Some((field, value, reason)) = config.controller.problems().into_iter().next() {
+            return Err(ConfigError::Invalid { file: path.to_path_buf(), field, value, reason });
         }
         Ok(config)
     }

@@ -10,7 +10,6 @@
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod config;
-#[cfg(feature = "controller")]
 pub mod controller;
 #[cfg(feature = "k8s")]
 pub mod k8s;

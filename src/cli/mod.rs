@@ -5,6 +5,8 @@ mod agent;
 mod autoscale;
 mod plan;
 mod plot;
+#[cfg(feature = "controller")]
+mod run;
 mod simulate;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -42,6 +44,10 @@ enum Command {
     /// `gpuscale.io/gpu-telemetry` node annotation the controller reads.
     #[cfg(feature = "agent")]
     Agent(agent::AgentArgs),
+    /// Run the in-cluster controller: watch pending pods and nodes, scale node groups, drain
+    /// and remove unneeded nodes (leader-elected; `--dry-run` only reports the plan).
+    #[cfg(feature = "controller")]
+    Run(run::RunArgs),
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` filters (default `info`).
@@ -62,5 +68,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Simulate(args) => simulate::run(args),
         #[cfg(feature = "agent")]
         Command::Agent(args) => agent::run(args),
+        #[cfg(feature = "controller")]
+        Command::Run(args) => run::run(args),
     }
 }

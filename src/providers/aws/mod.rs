@@ -94,6 +94,37 @@ impl AwsSettings {
     }
 }
 
+impl AwsSettings {
+    /// The settings of a provider-config account (`provider: aws`): region, credentials,
+    /// endpoint, discovery and retry attempts come from the account; the rest is defaulted.
+    pub fn from_account(a: &crate::providers::config::AccountConfig) -> Result<Self, AwsSettingsError> {
+        let region = a.region.clone().ok_or_else(|| AwsSettingsError::Invalid {
+            account: a.name.clone(),
+            field: "region",
+            value: String::new(),
+            reason: "an aws account needs a region",
+        })?;
+        let mut s = Self::new(a.name.clone(), region);
+        if let Some(c) = &a.credentials {
+            s.profile = c.profile.clone();
+            s.role_arn = c.role_arn.clone();
+            s.external_id = c.external_id.clone();
+        }
+        s.endpoint_url = a.endpoint_url.clone();
+        if let Some(d) = &a.discovery {
+            if !d.tags.is_empty() {
+                s.discovery_tags = d.tags.clone();
+            }
+            s.name_prefix = d.name_prefix.clone();
+        }
+        if let Some(r) = &a.retry {
+            s.max_attempts = r.max_attempts.max(1);
+        }
+        s.validate()?;
+        Ok(s)
+    }
+}
+
 impl fmt::Debug for AwsSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AwsSettings")

@@ -113,6 +113,24 @@ impl GcpSettings {
         }
     }
 
+    /// The settings of a provider-config account (`provider: gcp`): project, endpoint,
+    /// credentials and discovery from the account; the zones are those its node groups declare.
+    pub fn from_account(a: &crate::providers::config::AccountConfig) -> Result<Self, GcpError> {
+        let bad = |field, problem: String| GcpError::Settings { account: a.name.clone(), field, problem };
+        let project =
+            a.project.clone().ok_or_else(|| bad("project", "is required for a gcp account".into()))?;
+        let zones: BTreeSet<String> = a.node_groups.iter().flat_map(|g| g.zones.iter().cloned()).collect();
+        let mut s = Self::new(a.name.clone(), project, zones.into_iter().collect());
+        s.endpoint = a.endpoint_url.clone();
+        s.credentials = a.credentials.as_ref().and_then(|c| c.service_account_key_file.clone());
+        if let Some(d) = &a.discovery {
+            s.name_prefix = d.name_prefix.clone();
+            s.label_filter = d.tags.clone();
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
     fn validate(&self) -> Result<(), GcpError> {
         let bad =
             |field, problem: String| GcpError::Settings { account: self.account.clone(), field, problem };

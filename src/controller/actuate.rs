@@ -1,0 +1,166 @@
+//! The controller's writes to the API server: drain marks on Nodes, evictions, Node deletion.
+//!
+//! Node updates read the Node, change it and write it back with the `resourceVersion` read
+//! (HTTP PUT), retrying on 409 Conflict, so concurrent changes by the kubelet or an operator are
+//! never overwritten.
+
+use super::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, EvictParams, PostParams};
+use kube::Client;
+use thiserror::Error;
+
+/// An API call of the controller failed.
+#[derive(Debug, Error)]
+#[error("{op} {object}: {source}")]
+pub struct ApiError {
+    /// The operation, e.g. `evict`.
+    pub op: &'static str,
+    /// `Node n1`, `Pod ns/name`.
+    pub object: String,
+    /// Cause.
+    #[source]
+    pub source: kube::Error,
+}
+
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// How an eviction request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// Accepted: the pod is being deleted.
+    Evicted,
+    /// Refused for now (HTTP 429: a PodDisruptionBudget allows no disruption); retry later.
+    Refused(String),
+    /// The pod no longer exists.
+    Gone,
+}
+
+/// Writes to the API server.
+#[derive(Clone)]
+pub struct KubeActuator {
+    client: Client,
+}
+
+const CONFLICT_RETRIES: usize = 5;
+
+impl KubeActuator {
+    /// An actuator on `client`.
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+
+    /// Reads a Node, applies `change`, writes it back; retries on 409. `change` returns false to
+    /// skip the write. `Ok(false)` when the node does not exist.
+    async fn update_node(
+        &self,
+        name: &str,
+        op: &'static str,
+        change: impl Fn(&mut Node) -> bool,
+    ) -> Result<bool, ApiError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let err = |source| ApiError { op, object: format!("Node {name}"), source };
+        for attempt in 0.. {
+            let Some(mut node) = api.get_opt(name).await.map_err(err)? else { return Ok(false) };
+            if !change(&mut node) {
+                return Ok(true);
+            }
+            match api.replace(name, &PostParams::default(), &node).await {
+                Ok(_) => return Ok(true),
+                Err(e) if status_code(&e) == Some(409) && attempt < CONFLICT_RETRIES => continue,
+                Err(e) if status_code(&e) == Some(404) => return Ok(false),
+                Err(e) => return Err(err(e)),
+            }
+        }
+        unreachable!("the retry loop returns")
+    }
+
+    /// Marks a node as draining: cordon, taint `gpuscale.io/disrupting=true:NoSchedule`, and the
+    /// start time and reason annotations. Idempotent.
+    pub async fn start_drain(&self, node: &str, reason: &str, now: Timestamp) -> Result<bool, ApiError> {
+        self.update_node(node, "start drain of", |n| {
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            if ann.contains_key(DRAIN_STARTED_AT) {
+                return false;
+            }
+            let spec = n.spec.get_or_insert_with(Default::default);
+            let was_cordoned = spec.unschedulable.unwrap_or(false);
+            ann.insert(DRAIN_STARTED_AT.into(), now.to_string());
+            ann.insert(DRAIN_REASON.into(), reason.to_string());
+            if was_cordoned {
+                ann.insert(DRAIN_WAS_CORDONED.into(), "true".into());
+            }
+            spec.unschedulable = Some(true);
+            let taints = spec.taints.get_or_insert_with(Vec::new);
+            if !taints.iter().any(|t| t.key == DISRUPTING_TAINT) {
+                taints.push(Taint {
+                    key: DISRUPTING_TAINT.into(),
+                    value: Some("true".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                });
+            }
+            true
+        })
+        .await
+    }
+
+    /// Records on the node that evictions begin (before the first one), so a new leader finishes
+    /// the drain instead of giving the node back.
+    pub async fn mark_evicting(&self, node: &str) -> Result<bool, ApiError> {
+        self.update_node(node, "mark evictions on", |n| {
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            if ann.get(DRAIN_EVICTED).is_some_and(|v| v == "true") {
+                return false;
+            }
+            ann.insert(DRAIN_EVICTED.into(), "true".into());
+            true
+        })
+        .await
+    }
+
+    /// Gives a node back: removes the drain marks and restores its schedulability.
+    pub async fn abort_drain(&self, node: &str) -> Result<bool, ApiError> {
+        self.update_node(node, "abort drain of", |n| {
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            let was_cordoned = ann.get(DRAIN_WAS_CORDONED).is_some_and(|v| v == "true");
+            for k in [DRAIN_STARTED_AT, DRAIN_REASON, DRAIN_EVICTED, DRAIN_WAS_CORDONED] {
+                ann.remove(k);
+            }
+            let spec = n.spec.get_or_insert_with(Default::default);
+            spec.unschedulable = if was_cordoned { Some(true) } else { None };
+            if let Some(taints) = spec.taints.as_mut() {
+                taints.retain(|t| t.key != DISRUPTING_TAINT);
+            }
+            true
+        })
+        .await
+    }
+
+    /// Evicts a pod through the Eviction API (which enforces PodDisruptionBudgets).
+    pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, ApiError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        match api.evict(name, &EvictParams::default()).await {
+            Ok(_) => Ok(Eviction::Evicted),
+            Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message.clone())),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
+            Err(source) => Err(ApiError { op: "evict", object: format!("Pod {namespace}/{name}"), source }),
+        }
+    }
+
+    /// Deletes a Node object; a missing node is fine.
+    pub async fn delete_node(&self, name: &str) -> Result<(), ApiError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if status_code(&e) == Some(404) => Ok(()),
+            Err(source) => Err(ApiError { op: "delete", object: format!("Node {name}"), source }),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Graceful drain of one node, as a pure step function over what the API shows now.
+//!
+//! The drain state lives on the Node itself, so a new leader after a restart finds every drain in
+//! progress and finishes it: the taint [`DISRUPTING_TAINT`] (`gpuscale.io/disrupting=true:
+//! NoSchedule`) keeps new pods off, and annotations record when the drain started, why, whether
+//! any eviction was attempted, and whether the node was cordoned before (so an abandoned drain
+//! restores it as it was). Each loop calls [`step`] with the node's pods and `now`, and the
+//! adapter carries out what it returns: evict through the Eviction API (which enforces
+//! PodDisruptionBudgets; a 429 is retried next loop), wait for evicted pods to terminate (up to
+//! their grace period, capped), and at the end delete the instance and the Node.
+
+use super::config::secs;
+use super::config::ControllerConfig;
+use crate::model::OwnerKind;
+use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Taint key that marks a node being drained by gpuscale.
+pub const DISRUPTING_TAINT: &str = "gpuscale.io/disrupting";
+/// Annotation: RFC 3339 time the drain started.
+pub const DRAIN_STARTED_AT: &str = "gpuscale.io/drain-started-at";
+/// Annotation: the planner's reason for removing the node.
+pub const DRAIN_REASON: &str = "gpuscale.io/drain-reason";
+/// Annotation: `"true"` once an eviction was attempted; from then on the drain always finishes.
+pub const DRAIN_EVICTED: &str = "gpuscale.io/drain-evicted";
+/// Annotation: `"true"` when the node was already cordoned before the drain.
+pub const DRAIN_WAS_CORDONED: &str = "gpuscale.io/drain-was-cordoned";
+
+/// The drain marks found on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainMarks {
+    /// When the drain started.
+    pub started_at: Timestamp,
+    /// Why.
+    pub reason: String,
+    /// Whether any eviction was attempted.
+    pub evicted: bool,
+    /// Whether the node was cordoned before the drain.
+    pub was_cordoned: bool,
+}
+
+/// Reads the drain marks of a node from its annotations and taint keys; `None` when it is not
+/// being drained. A node with the taint but no (or a garbled) start time counts as started at
+/// `now`, so it is finished or released rather than left cordoned forever.
+pub fn marks_of<'a>(
+    annotations: &BTreeMap<String, String>,
+    mut taint_keys: impl Iterator<Item = &'a str>,
+    now: Timestamp,
+) -> Option<DrainMarks> {
+    let tainted = taint_keys.any(|k| k == DISRUPTING_TAINT);
+    let started = annotations.get(DRAIN_STARTED_AT);
+    if !tainted && started.is_none() {
+        return None;
+    }
+    let is_true = |k: &str| annotations.get(k).is_some_and(|v| v == "true");
+    Some(DrainMarks {
+        started_at: started.and_then(|s| s.parse().ok()).unwrap_or(now),
+        reason: annotations.get(DRAIN_REASON).cloned().unwrap_or_default(),
+        evicted: is_true(DRAIN_EVICTED),
+        was_cordoned: is_true(DRAIN_WAS_CORDONED),
+    })
+}
+
+/// A pod that is terminating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    /// `metadata.deletionTimestamp`: when the grace period ends.
+    pub at: Timestamp,
+    /// `metadata.deletionGracePeriodSeconds`.
+    pub grace: Duration,
+}
+
+/// What a drain needs to know about one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodFacts {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// Controller kind.
+    pub owner: OwnerKind,
+    /// A static pod's mirror (`kubernetes.io/config.mirror`).
+    pub mirror: bool,
+    /// Succeeded or Failed: holds nothing.
+    pub terminal: bool,
+    /// `karpenter.sh/do-not-disrupt` / `safe-to-evict: "false"`.
+    pub eviction_blocked: Option<String>,
+    /// Requests GPUs.
+    pub gpu: bool,
+    /// `status.startTime`.
+    pub started_at: Option<Timestamp>,
+    /// Time of the last checkpoint, from the configured annotation.
+    pub checkpoint_at: Option<Timestamp>,
+    /// Set once the pod is terminating.
+    pub deletion: Option<Deletion>,
+}
+
+impl PodFacts {
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether the pod stays with the node and never blocks its removal (DaemonSet, static).
+    pub fn is_node_bound(&self) -> bool {
+        self.mirror || matches!(self.owner, OwnerKind::DaemonSet | OwnerKind::Node)
+    }
+
+    /// A training job's pod: GPUs under a Job or a training operator, or a pod that reports
+    /// checkpoints.
+    pub fn is_training(&self) -> bool {
+        self.checkpoint_at.is_some()
+            || (self.gpu && matches!(self.owner, OwnerKind::Job | OwnerKind::Other(_)))
+    }
+}
+
+/// Why a running pod must not be evicted now, if it must not.
+pub fn protection(pod: &PodFacts, config: &ControllerConfig, now: Timestamp) -> Option<String> {
+    if let Some(reason) = &pod.eviction_blocked {
+        return Some(reason.clone());
+    }
+    if pod.owner == OwnerKind::None && !pod.mirror {
+        return Some("no controller: the pod would be lost".into());
+    }
+    let t = &config.training;
+    if !pod.is_training() || t.min_runtime_seconds <= 0.0 {
+        return None;
+    }
+    let min = secs(t.min_runtime_seconds);
+    let ran = pod.started_at.map_or(Duration::ZERO, |s| (now.duration_since(s)).unsigned_abs());
+    let ran = if pod.started_at.is_some_and(|s| s > now) { Duration::ZERO } else { ran };
+    if ran >= min {
+        return None;
+    }
+    let fresh_checkpoint = pod.checkpoint_at.is_some_and(|c| {
+        c <= now && now.duration_since(c).unsigned_abs() <= secs(t.checkpoint_max_age_seconds)
+    });
+    if fresh_checkpoint {
+        return None;
+    }
+    Some(format!(
+        "training pod has run {}s of its {}s minimum runtime without a checkpoint in the last {}s ({})",
+        ran.as_secs(),
+        min.as_secs(),
+        secs(t.checkpoint_max_age_seconds).as_secs(),
+        t.checkpoint_annotation
+    ))
+}
+
+/// How a drain goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Evict `evict` (if any) and look again next loop.
+    Continue,
+    /// Nothing left to wait for: delete the instance and the Node.
+    Finish,
+    /// Stop draining: remove the marks and restore the node's schedulability.
+    Abort {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One drain step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainStep {
+    /// Pods to evict now (`namespace/name`).
+    pub evict: Vec<String>,
+    /// Pods that may not be evicted, with the reason.
+    pub blocked: Vec<(String, String)>,
+    /// Evicted pods still terminating within their (capped) grace period.
+    pub terminating: Vec<String>,
+    /// What follows.
+    pub outcome: DrainOutcome,
+}
+
+/// Decides the next step of the drain of a node. `pods` are the pods bound to it;
+/// `still_candidate` says whether the current plan would remove the node (asked only while no
+/// eviction has been attempted: once one has, the drain finishes).
+pub fn step(
+    marks: &DrainMarks,
+    still_candidate: bool,
+    pods: &[PodFacts],
+    config: &ControllerConfig,
+    now: Timestamp,
+) -> DrainStep {
+    let mut out =
+        DrainStep { evict: vec![], blocked: vec![], terminating: vec![], outcome: DrainOutcome::Continue };
+    if !marks.evicted && !still_candidate {
+        out.outcome = DrainOutcome::Abort { reason: "no longer a scale-down candidate".into() };
+        return out;
+    }
+    let timeout = secs(config.drain_timeout_seconds);
+    if now > marks.started_at && now.duration_since(marks.started_at).unsigned_abs() > timeout {
+        out.outcome =
+            DrainOutcome::Abort { reason: format!("drain did not finish within {}s", timeout.as_secs()) };
+        return out;
+    }
+    let cap = secs(config.drain_grace_cap_seconds);
+    for pod in pods.iter().filter(|p| !p.terminal && !p.is_node_bound()) {
+        if let Some(d) = &pod.deletion {
+            // deletionTimestamp = deletion request + grace; wait at most the capped grace.
+            let requested = d.at - d.grace;
+            if now < requested + d.grace.min(cap) {
+                out.terminating.push(pod.id());
+            }
+            continue;
+        }
+        match protection(pod, config, now) {
+            Some(reason) => out.blocked.push((pod.id(), reason)),
+            None => out.evict.push(pod.id()),
+        }
+    }
+    if !out.blocked.is_empty() && !marks.evicted {
+        let (pod, reason) = &out.blocked[0];
+        out.outcome = DrainOutcome::Abort { reason: format!("pod {pod} may not be evicted: {reason}") };
+        out.evict.clear();
+        return out;
+    }
+    if out.evict.is_empty() && out.terminating.is_empty() && out.blocked.is_empty() {
+        out.outcome = DrainOutcome::Finish;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + s).unwrap()
+    }
+
+    fn pod(name: &str, owner: OwnerKind) -> PodFacts {
+        PodFacts {
+            namespace: "ml".into(),
+            name: name.into(),
+            node: Some("n1".into()),
+            owner,
+            started_at: Some(t(-100_000)),
+            ..Default::default()
+        }
+    }
+
+    fn marks(evicted: bool) -> DrainMarks {
+        DrainMarks { started_at: t(0), reason: "empty".into(), evicted, was_cordoned: false }
+    }
+
+    fn cfg() -> ControllerConfig {
+        ControllerConfig::default()
+    }
+
+    #[test]
+    fn marks_round_trip_and_taint_alone_counts() {
+        let mut a = BTreeMap::new();
+        assert_eq!(marks_of(&a, std::iter::empty(), t(5)), None);
+        let m = marks_of(&a, [DISRUPTING_TAINT].into_iter(), t(5)).unwrap();
+        assert_eq!((m.started_at, m.evicted), (t(5), false));
+        a.insert(DRAIN_STARTED_AT.into(), t(1).to_string());
+        a.insert(DRAIN_REASON.into(), "GPU allocation 10% < 50%".into());
+        a.insert(DRAIN_EVICTED.into(), "true".into());
+        let m = marks_of(&a, std::iter::empty(), t(5)).unwrap();
+        assert_eq!(
+            m,
+            DrainMarks {
+                started_at: t(1),
+                reason: "GPU allocation 10% < 50%".into(),
+                evicted: true,
+                was_cordoned: false
+            }
+        );
+    }
+
+    #[test]
+    fn evicts_movable_pods_and_skips_daemonsets_and_finished_pods() {
+        let mut done = pod("done", OwnerKind::Job);
+        done.terminal = true;
+        let mut mirror = pod("static", OwnerKind::Node);
+        mirror.mirror = true;
+        let pods = vec![pod("web", OwnerKind::ReplicaSet), pod("ds", OwnerKind::DaemonSet), done, mirror];
+        let s = step(&marks(false), true, &pods, &cfg(), t(10));
+        assert_eq!(s.evict, vec!["ml/web"]);
+        assert_eq!(s.outcome, DrainOutcome::Continue);
+        // Only node-bound pods left: finish.
+        let s = step(&marks(true), true, &pods[1..], &cfg(), t(10));
+        assert_eq!((s.evict.len(), s.outcome), (0, DrainOutcome::Finish));
+    }
+
+    #[test]
+    fn waits_for_terminating_pods_up_to_the_capped_grace() {
+        let mut p = pod("web", OwnerKind::ReplicaSet);
+        p.deletion = Some(Deletion { at: t(3600), grace: Duration::from_secs(3600) });
+        let mut c = cfg();
+        c.drain_grace_cap_seconds = 60.0;
+        let s = step(&marks(true), false, std::slice::from_ref(&p), &c, t(30));
+        assert_eq!((s.terminating.clone(), s.outcome), (vec!["ml/web".to_string()], DrainOutcome::Continue));
+        let s = step(&marks(true), false, std::slice::from_ref(&p), &c, t(61));
+        assert_eq!(s.outcome, DrainOutcome::Finish);
+    }
+
+    #[test]
+    fn aborts_when_no_longer_a_candidate_unless_evictions_started() {
+        let pods = vec![pod("web", OwnerKind::ReplicaSet)];
+        let s = step(&marks(false), false, &pods, &cfg(), t(10));
+        assert!(matches!(s.outcome, DrainOutcome::Abort { .. }) && s.evict.is_empty());
+        let s = step(&marks(true), false, &pods, &cfg(), t(10));
+        assert_eq!((s.evict, s.outcome), (vec!["ml/web".to_string()], DrainOutcome::Continue));
+    }
+
+    #[test]
+    fn never_evicts_protected_pods() {
+        let mut keep = pod("keep", OwnerKind::ReplicaSet);
+        keep.eviction_blocked = Some("karpenter.sh/do-not-disrupt=true".into());
+        let bare = pod("bare", OwnerKind::None);
+        let pods = vec![keep, bare, pod("web", OwnerKind::ReplicaSet)];
+        // Before any eviction: give the node back.
+        let s = step(&marks(false), true, &pods, &cfg(), t(10));
+        assert!(matches!(&s.outcome, DrainOutcome::Abort { reason } if reason.contains("do-not-disrupt")));
+        assert!(s.evict.is_empty());
+        // After evictions began: evict the rest, wait for the blocked ones.
+        let s = step(&marks(true), true, &pods, &cfg(), t(10));
+        assert_eq!(s.evict, vec!["ml/web"]);
+        assert_eq!(s.blocked.len(), 2);
+        assert_eq!(s.outcome, DrainOutcome::Continue);
+    }
+
+    #[test]
+    fn training_pods_are_protected_until_min_runtime_or_a_fresh_checkpoint() {
+        let mut c = cfg();
+        c.training.min_runtime_seconds = 3600.0;
+        c.training.checkpoint_max_age_seconds = 300.0;
+        let mut train = pod("worker-0", OwnerKind::Job);
+        train.gpu = true;
+        train.started_at = Some(t(0));
+        assert!(protection(&train, &c, t(1800)).unwrap().contains("1800s of its 3600s"));
+        assert_eq!(protection(&train, &c, t(3600)), None);
+        train.checkpoint_at = Some(t(1700));
+        assert_eq!(protection(&train, &c, t(1800)), None);
+        assert!(protection(&train, &c, t(2100)).is_some(), "checkpoint older than 300s");
+        // A CPU job pod is not a training job.
+        let cpu = PodFacts { started_at: Some(t(0)), ..pod("etl", OwnerKind::Job) };
+        assert_eq!(protection(&cpu, &c, t(10)), None);
+    }
+
+    #[test]
+    fn stuck_drains_are_abandoned_after_the_timeout() {
+        let mut keep = pod("keep", OwnerKind::ReplicaSet);
+        keep.eviction_blocked = Some("cluster-autoscaler.kubernetes.io/safe-to-evict=false".into());
+        let mut c = cfg();
+        c.drain_timeout_seconds = 100.0;
+        let s = step(&marks(true), true, std::slice::from_ref(&keep), &c, t(50));
+        assert_eq!(s.outcome, DrainOutcome::Continue);
+        let s = step(&marks(true), true, &[keep], &c, t(101));
+        assert!(matches!(s.outcome, DrainOutcome::Abort { .. }));
+    }
+}

@@ -1,0 +1,577 @@
+//! The controller loop: reflectors, batching, leader gating, plan, actuate.
+//!
+//! One pass ([`Controller::reconcile_once`]): refresh the node groups from the clouds, build the
+//! snapshot from the reflector stores, remove instances whose nodes never came (and back their
+//! groups off), plan, report the plan, and — when leading and not in dry-run — raise group
+//! targets (atomically for gangs), start drains of nodes that have been unneeded long enough and
+//! advance every drain in progress. Nothing is kept only in memory that a restart would need:
+//! targets are absolute, in-flight capacity is recomputed from group targets and registering
+//! nodes, and drain state is on the Node objects.
+
+use super::actuate::{ApiError, Eviction, KubeActuator};
+use super::batch::{BatchState, Batcher};
+use super::config::{secs, ControllerConfig};
+use super::drain::{self, DrainOutcome};
+use super::leader::LeaderElector;
+use super::providers::ProviderSet;
+use super::readiness::{self, Readiness};
+use super::snapshot::{self, ClusterView};
+use super::Observer;
+use crate::k8s::SnapshotError;
+use crate::model::{ErrorClass, NodeGroup, NodeState};
+use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
+use crate::providers::gang::{scale_up_gang, GangOutcome, GroupGrowth};
+use crate::providers::{CloudProvider, ProviderError};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::runtime::reflector::{self, store::Writer, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Client;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+/// A controller failure that stops the loop.
+#[derive(Debug, Error)]
+pub enum ControllerError {
+    /// A watch ended before listing its objects once.
+    #[error("watch of {kind} ended before its first complete list")]
+    NotSynced {
+        /// Kind watched.
+        kind: &'static str,
+    },
+    /// An API write failed.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The stored objects could not be converted.
+    #[error("converting the cluster state: {0}")]
+    Snapshot(#[from] SnapshotError),
+}
+
+/// How one controller process runs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// The `controller:` config section.
+    pub config: ControllerConfig,
+    /// The `planner:` config section.
+    pub planner: PlannerSettings,
+    /// Holder identity in the Lease (the pod name).
+    pub identity: String,
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Plan and report, never act.
+    pub dry_run: bool,
+    /// Advance simulated clouds by real elapsed time (off when a test harness drives them).
+    pub drive_simulated_clock: bool,
+}
+
+/// The in-cluster controller.
+pub struct Controller {
+    client: Client,
+    providers: Arc<ProviderSet>,
+    options: ControllerOptions,
+    observer: Arc<dyn Observer>,
+    actuator: KubeActuator,
+}
+
+/// Aborts spawned tasks when dropped, so a cancelled controller leaves nothing running.
+struct Tasks(Vec<JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// The stores the loop reads.
+struct Stores {
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    pdbs: Store<PodDisruptionBudget>,
+    pod_groups: Option<Store<DynamicObject>>,
+}
+
+/// Memory of the loop; all of it can be lost on restart (it only delays decisions).
+struct LoopState {
+    batcher: Batcher,
+    first_seen: BTreeMap<String, Timestamp>,
+    unneeded_since: BTreeMap<String, Timestamp>,
+    gangs_in_flight: Arc<Mutex<BTreeSet<String>>>,
+}
+
+fn spawn_reflector<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    notify: Arc<Notify>,
+    kind: &'static str,
+) -> JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
+{
+    spawn_reflector_dyn(api, writer, notify, kind, K::DynamicType::default())
+}
+
+fn spawn_reflector_dyn<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    notify: Arc<Notify>,
+    kind: &'static str,
+    _dyntype: K::DynamicType,
+) -> JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => notify.notify_one(),
+                Err(e) => tracing::warn!(kind, error = %e, "watch error; retrying with backoff"),
+            }
+        }
+    })
+}
+
+/// The PodGroup resource (coscheduling plugin), when its CRD is installed.
+fn pod_group_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
+        "podgroups",
+    )
+}
+
+impl Controller {
+    /// A controller on `client` acting through `providers`, reporting to `observer`.
+    pub fn new(
+        client: Client,
+        providers: Arc<ProviderSet>,
+        options: ControllerOptions,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        let actuator = KubeActuator::new(client.clone());
+        Self { client, providers, options, observer, actuator }
+    }
+
+    /// Runs until `shutdown` turns true. Dropping the future stops everything it started (as a
+    /// crash would); a clean shutdown also releases the Lease.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), ControllerError> {
+        let cfg = self.options.config.clone();
+        let notify = Arc::new(Notify::new());
+        let mut tasks = Tasks(Vec::new());
+
+        let node_w = Writer::<Node>::default();
+        let pod_w = Writer::<Pod>::default();
+        let pdb_w = Writer::<PodDisruptionBudget>::default();
+        let mut stores = Stores {
+            nodes: node_w.as_reader(),
+            pods: pod_w.as_reader(),
+            pdbs: pdb_w.as_reader(),
+            pod_groups: None,
+        };
+        tasks.0.push(spawn_reflector(Api::all(self.client.clone()), node_w, notify.clone(), "Node"));
+        tasks.0.push(spawn_reflector(Api::all(self.client.clone()), pod_w, notify.clone(), "Pod"));
+        tasks.0.push(spawn_reflector(
+            Api::all(self.client.clone()),
+            pdb_w,
+            notify.clone(),
+            "PodDisruptionBudget",
+        ));
+        let ar = pod_group_resource();
+        let pg_api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        match pg_api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => {
+                let w = Writer::<DynamicObject>::new(ar.clone());
+                stores.pod_groups = Some(w.as_reader());
+                tasks.0.push(spawn_reflector_dyn(pg_api, w, notify.clone(), "PodGroup", ar));
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "PodGroups (scheduling.x-k8s.io/v1alpha1) not available; gang sizes come from pod annotations")
+            }
+        }
+        let ready = async {
+            stores.nodes.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Node" })?;
+            stores.pods.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Pod" })?;
+            stores
+                .pdbs
+                .wait_until_ready()
+                .await
+                .map_err(|_| ControllerError::NotSynced { kind: "PodDisruptionBudget" })?;
+            if let Some(s) = &stores.pod_groups {
+                s.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "PodGroup" })?;
+            }
+            Ok::<(), ControllerError>(())
+        };
+        tokio::select! {
+            r = ready => r?,
+            _ = shutdown.wait_for(|s| *s) => return Ok(()),
+        }
+        tracing::info!(identity = %self.options.identity, dry_run = self.options.dry_run, "caches synced");
+
+        let (lead_tx, mut lead_rx) = watch::channel(false);
+        let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
+        let elector = LeaderElector::new(
+            self.client.clone(),
+            &self.options.namespace,
+            &cfg.lease.name,
+            &self.options.identity,
+            Duration::from_secs(u64::from(cfg.lease.duration_seconds)),
+        );
+        let elector_task = tokio::spawn(elector.run(secs(cfg.lease.renew_seconds), lead_tx, elector_stop_rx));
+
+        let mut state = LoopState {
+            batcher: Batcher::new(secs(cfg.batch_idle_seconds), secs(cfg.batch_max_seconds)),
+            first_seen: BTreeMap::new(),
+            unneeded_since: BTreeMap::new(),
+            gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
+        };
+        let mut last_tick = Instant::now();
+        let mut next_pass = Instant::now();
+        let mut batch_close: Option<Instant> = None;
+        loop {
+            let wake = batch_close.map_or(next_pass, |b| b.min(next_pass));
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                r = lead_rx.changed() => {
+                    if r.is_err() { break; }
+                    if *lead_rx.borrow() { next_pass = Instant::now(); }
+                }
+                _ = shutdown.wait_for(|s| *s) => break,
+            }
+            let tick = Instant::now();
+            if self.options.drive_simulated_clock {
+                self.providers.advance_simulated(tick - last_tick);
+            }
+            last_tick = tick;
+            let now = Timestamp::now();
+            let pending = snapshot::pending_pod_ids(&stores.pods.state());
+            state.batcher.observe(pending.iter().map(String::as_str), now);
+            batch_close = None;
+            let run_pass = match state.batcher.state(now) {
+                BatchState::Open { closes_at } => {
+                    let wait = closes_at.duration_since(now).unsigned_abs();
+                    batch_close = Some(tick + wait);
+                    false
+                }
+                BatchState::Ready => true,
+                BatchState::Idle => tick >= next_pass,
+            };
+            if !run_pass || !*lead_rx.borrow() {
+                if tick >= next_pass {
+                    next_pass = tick + secs(cfg.resync_seconds);
+                }
+                continue;
+            }
+            state.batcher.close();
+            let busy = match self.reconcile_once(&stores, &mut state, &lead_rx, now).await {
+                Ok(busy) => busy,
+                Err(e) => {
+                    tracing::error!(error = %e, "reconcile failed; retrying at the next pass");
+                    true
+                }
+            };
+            let interval = secs(cfg.resync_seconds);
+            next_pass = Instant::now() + if busy { interval.min(Duration::from_secs(2)) } else { interval };
+        }
+        drop(tasks);
+        elector_stop_tx.send_replace(true);
+        let _ = elector_task.await;
+        Ok(())
+    }
+
+    fn leading(lead: &watch::Receiver<bool>) -> bool {
+        *lead.borrow()
+    }
+
+    /// One pass; returns whether work is in progress (drains, instances waiting), so the next
+    /// pass comes sooner.
+    async fn reconcile_once(
+        &mut self,
+        stores: &Stores,
+        state: &mut LoopState,
+        lead: &watch::Receiver<bool>,
+        now: Timestamp,
+    ) -> Result<bool, ControllerError> {
+        let started = Instant::now();
+        let cfg = self.options.config.clone();
+        let dry = self.options.dry_run;
+        let refreshed = self.providers.refresh().await;
+        for (account, error) in &refreshed.failures {
+            tracing::warn!(
+                account,
+                error,
+                "refreshing the account's node groups failed; its groups are left out of this pass"
+            );
+        }
+        let groups = refreshed.groups;
+        readiness::track_instances(&mut state.first_seen, &groups, now);
+        let pod_groups: Vec<serde_json::Value> = stores
+            .pod_groups
+            .as_ref()
+            .map(|s| s.state().iter().filter_map(|o| serde_json::to_value(o.as_ref()).ok()).collect())
+            .unwrap_or_default();
+        let mut view = snapshot::build(
+            &stores.nodes.state(),
+            &stores.pods.state(),
+            &stores.pdbs.state(),
+            &pod_groups,
+            &cfg,
+            now,
+        )?;
+        for w in &view.warnings {
+            tracing::debug!("{w}");
+        }
+
+        // Nodes that are Ready but lack the GPUs their group promises are still in flight.
+        for node in view.snapshot.nodes.iter_mut() {
+            let template = group_of(node, &groups).map(|g| &groups[g].template);
+            if node.state == NodeState::Ready {
+                if let Readiness::InFlight(why) = readiness::classify(node, template) {
+                    tracing::debug!(node = %node.name, why, "node in flight");
+                    node.state = NodeState::Initializing;
+                }
+            }
+        }
+
+        // Instances whose nodes never came: remove them, back the group off.
+        let stuck = readiness::stuck_instances(
+            &groups,
+            &view.snapshot.nodes,
+            &state.first_seen,
+            now,
+            secs(cfg.registration_timeout_seconds),
+        );
+        let mut busy =
+            !view.drains.is_empty() || groups.iter().any(|g| g.instances.len() as u32 != g.target_size);
+        if !dry {
+            for s in &stuck {
+                if !Self::leading(lead) {
+                    return Ok(busy);
+                }
+                self.remove_stuck(s).await;
+                busy = true;
+            }
+        }
+
+        let input = PlanInput {
+            snapshot: view.snapshot.clone(),
+            groups: groups.clone(),
+            unavailable: self.providers.unavailable(&groups),
+        };
+        let plan = planner::plan(&input, &self.options.planner);
+        self.observer.plan_computed(&plan, &view.snapshot, dry, started.elapsed());
+        if dry || !Self::leading(lead) {
+            return Ok(busy);
+        }
+        self.scale_up(&plan, &view, state).await;
+        busy |= self.drain(&plan, &mut view, &groups, state, lead, now).await?;
+        Ok(busy)
+    }
+
+    async fn remove_stuck(&self, s: &readiness::Stuck) {
+        let Some(provider) = self.providers.provider_of(&s.group) else { return };
+        tracing::warn!(group = %s.group, instance = %s.instance, reason = %s.reason, "removing an instance whose node did not come");
+        match provider.delete_instances(&s.group, std::slice::from_ref(&s.instance)).await {
+            Ok(()) | Err(ProviderError::InstanceNotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(group = %s.group, instance = %s.instance, error = %e, "deleting the instance failed");
+                return;
+            }
+        }
+        if let Some(node) = &s.node {
+            if let Err(e) = self.actuator.delete_node(node).await {
+                tracing::warn!(error = %e, "deleting the node failed");
+            }
+            self.observer.node_deleted(node, &s.group);
+        }
+        provider.record_scale_up_failure(&s.group, ErrorClass::Other);
+        self.observer.backoff(&s.group, &s.reason);
+    }
+
+    /// Raises group targets; groups with gang members grow all-or-nothing in a background task.
+    async fn scale_up(&self, plan: &Plan, view: &ClusterView, state: &mut LoopState) {
+        let gang_of: BTreeMap<&str, &str> = view
+            .snapshot
+            .workloads
+            .iter()
+            .filter_map(|w| w.gang.as_deref().map(|g| (w.id.as_str(), g)))
+            .collect();
+        for su in &plan.scale_ups {
+            let Some(provider) = self.providers.provider_of(&su.group) else {
+                self.observer.scale_up_failed(&su.group, "no configured account owns the group");
+                continue;
+            };
+            let gangs: BTreeSet<&str> =
+                su.pods.iter().filter_map(|p| gang_of.get(p.as_str()).copied()).collect();
+            if state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).contains(&su.group) {
+                tracing::info!(group = %su.group, "gang scale-up of the group still in progress; not raising it again");
+                continue;
+            }
+            if gangs.is_empty() {
+                match provider.set_target_size(&su.group, su.to).await {
+                    Ok(()) => self.observer.scaled_up(&su.group, su.from, su.to, &su.pods),
+                    Err(e) => {
+                        self.observer.scale_up_failed(&su.group, &e.to_string());
+                        if let Some(b) = provider.group_backoff(&su.group) {
+                            self.observer
+                                .backoff(&su.group, &format!("{e} (failure {} in a row)", b.failures));
+                        }
+                    }
+                }
+                continue;
+            }
+            // Gang: raise and wait for every new instance to run, or roll back.
+            self.observer.scaled_up(&su.group, su.from, su.to, &su.pods);
+            state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(su.group.clone());
+            let providers = self.providers.clone();
+            let observer = self.observer.clone();
+            let in_flight = state.gangs_in_flight.clone();
+            let growth = vec![GroupGrowth { group: su.group.clone(), to: su.to }];
+            let timeout = secs(self.options.config.gang_timeout_seconds);
+            let gang_names: Vec<String> = gangs.iter().map(|g| g.to_string()).collect();
+            tokio::spawn(async move {
+                let group = growth[0].group.clone();
+                if let Some(provider) = providers.provider_of(&group) {
+                    let poll = Duration::from_secs(2).min(timeout.max(Duration::from_millis(100)));
+                    match scale_up_gang(provider, &growth, timeout, poll, tokio::time::sleep).await {
+                        Ok(GangOutcome::Ready { .. }) => {
+                            tracing::info!(%group, gangs = ?gang_names, "gang capacity is running")
+                        }
+                        Ok(GangOutcome::RolledBack { reason, .. }) => {
+                            observer.scale_up_failed(&group, &reason);
+                            provider.record_scale_up_failure(&group, ErrorClass::OutOfCapacity);
+                            observer.backoff(&group, &reason);
+                        }
+                        Err(e) => observer.scale_up_failed(&group, &e.to_string()),
+                    }
+                }
+                in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&group);
+            });
+        }
+    }
+
+    /// Starts drains of nodes unneeded long enough and advances all drains. Returns whether any
+    /// drain is in progress.
+    async fn drain(
+        &self,
+        plan: &Plan,
+        view: &mut ClusterView,
+        groups: &[NodeGroup],
+        state: &mut LoopState,
+        lead: &watch::Receiver<bool>,
+        now: Timestamp,
+    ) -> Result<bool, ControllerError> {
+        let cfg = &self.options.config;
+        let candidates: BTreeMap<&str, &str> =
+            plan.scale_downs.iter().map(|s| (s.node.as_str(), s.reason.as_str())).collect();
+        state.unneeded_since.retain(|n, _| candidates.contains_key(n.as_str()));
+        for node in candidates.keys() {
+            state.unneeded_since.entry(node.to_string()).or_insert(now);
+        }
+        // New drains.
+        for (node, reason) in &candidates {
+            if view.drains.contains_key(*node) {
+                continue;
+            }
+            let since = state.unneeded_since[*node];
+            if now.duration_since(since).unsigned_abs() < secs(cfg.scale_down_unneeded_seconds) {
+                continue;
+            }
+            if !Self::leading(lead) {
+                return Ok(true);
+            }
+            if self.actuator.start_drain(node, reason, now).await? {
+                self.observer.drain_started(node, reason);
+                view.drains.insert(
+                    node.to_string(),
+                    drain::DrainMarks {
+                        started_at: now,
+                        reason: reason.to_string(),
+                        evicted: false,
+                        was_cordoned: false,
+                    },
+                );
+            }
+        }
+        // Drains in progress.
+        let drains: Vec<(String, drain::DrainMarks)> =
+            view.drains.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
+        for (node, marks) in drains {
+            if !Self::leading(lead) {
+                return Ok(true);
+            }
+            let pods = view.pods_by_node.get(&node).cloned().unwrap_or_default();
+            let step = drain::step(&marks, candidates.contains_key(node.as_str()), &pods, cfg, now);
+            for (pod, reason) in &step.blocked {
+                self.observer.eviction_blocked(pod, &node, reason);
+            }
+            if !step.evict.is_empty() && !marks.evicted {
+                self.actuator.mark_evicting(&node).await?;
+            }
+            for id in &step.evict {
+                if !Self::leading(lead) {
+                    return Ok(true);
+                }
+                let (ns, name) = id.split_once('/').unwrap_or(("default", id));
+                match self.actuator.evict(ns, name).await {
+                    Ok(Eviction::Evicted) => tracing::info!(pod = %id, %node, "evicted"),
+                    Ok(Eviction::Gone) => {}
+                    Ok(Eviction::Refused(message)) => self.observer.eviction_blocked(
+                        id,
+                        &node,
+                        &format!("eviction refused (429), retrying later: {message}"),
+                    ),
+                    // One failed eviction does not hold up the others; the next pass retries it.
+                    Err(e) => tracing::warn!(error = %e, "eviction failed; retrying at the next pass"),
+                }
+            }
+            match step.outcome {
+                DrainOutcome::Continue => {}
+                DrainOutcome::Abort { reason } => {
+                    tracing::info!(%node, %reason, "giving the node back");
+                    self.actuator.abort_drain(&node).await?;
+                }
+                DrainOutcome::Finish => self.finish(&node, view, groups).await?,
+            }
+        }
+        Ok(!view.drains.is_empty() || !candidates.is_empty())
+    }
+
+    /// Deletes a drained node's instance from its group, then the Node.
+    async fn finish(
+        &self,
+        node: &str,
+        view: &ClusterView,
+        groups: &[NodeGroup],
+    ) -> Result<(), ControllerError> {
+        let Some(n) = view.snapshot.nodes.iter().find(|n| n.name == node) else { return Ok(()) };
+        let group = group_of(n, groups).map(|g| &groups[g]);
+        let (Some(group), Some(instance)) = (group, n.provider_id.clone()) else {
+            tracing::warn!(node, "drained node has no managed group or provider id; giving it back");
+            self.actuator.abort_drain(node).await?;
+            return Ok(());
+        };
+        let Some(provider) = self.providers.provider_of(&group.id) else { return Ok(()) };
+        match provider.delete_instances(&group.id, std::slice::from_ref(&instance)).await {
+            Ok(()) | Err(ProviderError::InstanceNotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(node, group = %group.id, error = %e, "deleting the drained instance failed; retrying next pass");
+                return Ok(());
+            }
+        }
+        self.actuator.delete_node(node).await?;
+        self.observer.node_deleted(node, &group.id);
+        Ok(())
+    }
+}

@@ -1,0 +1,249 @@
+//! From the reflector stores to the planner's [`ClusterSnapshot`], through the same conversion
+//! `gpuscale plan` uses on `kubectl` output ([`crate::k8s::convert`]).
+//!
+//! Two controller-specific adjustments: a node whose drain has not evicted anything yet is shown
+//! to the planner as it was before the drain (so the plan says whether it is still worth
+//! removing; if not, the drain is given up), and running training pods under their protection
+//! are marked not evictable so the planner does not pick their nodes.
+
+use super::config::ControllerConfig;
+use super::drain::{self, Deletion, DrainMarks, PodFacts, DISRUPTING_TAINT};
+use crate::k8s::{self, SnapshotError, SourcedObject};
+use crate::model::{ClusterSnapshot, GpuDemand};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Mirror pods carry this annotation.
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// The cluster as the loop sees it.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    /// The planner's snapshot.
+    pub snapshot: ClusterSnapshot,
+    /// Conversion notes.
+    pub warnings: Vec<String>,
+    /// Nodes being drained, with their marks.
+    pub drains: BTreeMap<String, DrainMarks>,
+    /// What drains need about each pod, by node name.
+    pub pods_by_node: BTreeMap<String, Vec<PodFacts>>,
+}
+
+/// Pods waiting for a node: no `spec.nodeName`, not finished, not being deleted.
+pub fn pending_pod_ids(pods: &[impl AsRef<Pod>]) -> Vec<String> {
+    pods.iter()
+        .map(AsRef::as_ref)
+        .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.as_deref().unwrap_or_default().is_empty()))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            matches!(phase, None | Some("Pending"))
+        })
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or("default"),
+                p.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn to_value<T: serde::Serialize>(kind: &str, api_version: &str, obj: &T) -> Value {
+    let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        m.insert("apiVersion".into(), Value::String(api_version.into()));
+        m.insert("kind".into(), Value::String(kind.into()));
+    }
+    v
+}
+
+fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
+        None => meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Builds the view from the stored objects; `pod_groups` are PodGroup objects as JSON.
+pub fn build(
+    nodes: &[impl AsRef<Node>],
+    pods: &[impl AsRef<Pod>],
+    pdbs: &[impl AsRef<PodDisruptionBudget>],
+    pod_groups: &[Value],
+    config: &ControllerConfig,
+    now: Timestamp,
+) -> Result<ClusterView, SnapshotError> {
+    let mut view = ClusterView::default();
+    let mut objects = Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len());
+    for n in nodes.iter().map(AsRef::as_ref) {
+        let mut value = to_value("Node", "v1", n);
+        let annotations = n.metadata.annotations.clone().unwrap_or_default();
+        let taints = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        if let Some(marks) = drain::marks_of(&annotations, taints.iter().map(|t| t.key.as_str()), now) {
+            if !marks.evicted {
+                // Show the node as it was before the drain: the plan decides whether it stays a
+                // candidate.
+                let kept: Vec<_> = taints.iter().filter(|t| t.key != DISRUPTING_TAINT).collect();
+                value["spec"]["taints"] = serde_json::to_value(kept).unwrap_or(Value::Null);
+                value["spec"]["unschedulable"] = Value::Bool(marks.was_cordoned);
+            }
+            view.drains.insert(n.metadata.name.clone().unwrap_or_default(), marks);
+        }
+        objects.push(SourcedObject::new(format!("Node {}", name_of(&n.metadata)), value));
+    }
+    for p in pods.iter().map(AsRef::as_ref) {
+        objects.push(SourcedObject::new(format!("Pod {}", name_of(&p.metadata)), to_value("Pod", "v1", p)));
+    }
+    for b in pdbs.iter().map(AsRef::as_ref) {
+        objects.push(SourcedObject::new(
+            format!("PodDisruptionBudget {}", name_of(&b.metadata)),
+            to_value("PodDisruptionBudget", "policy/v1", b),
+        ));
+    }
+    for g in pod_groups {
+        let mut value = g.clone();
+        if let Some(m) = value.as_object_mut() {
+            m.entry("apiVersion").or_insert_with(|| Value::String("scheduling.x-k8s.io/v1alpha1".into()));
+            m.entry("kind").or_insert_with(|| Value::String("PodGroup".into()));
+        }
+        objects.push(SourcedObject::new("PodGroup", value));
+    }
+    let loaded = k8s::convert(&objects)?;
+    view.snapshot = loaded.snapshot;
+    view.warnings = loaded.warnings;
+
+    let workloads: BTreeMap<&str, usize> =
+        view.snapshot.workloads.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
+    let mut protected = Vec::new();
+    for p in pods.iter().map(AsRef::as_ref) {
+        let id = name_of(&p.metadata);
+        let Some(&wi) = workloads.get(id.as_str()) else { continue };
+        let w = &view.snapshot.workloads[wi];
+        let annotations = p.metadata.annotations.clone().unwrap_or_default();
+        let facts = PodFacts {
+            namespace: p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: p.metadata.name.clone().unwrap_or_default(),
+            node: w.node_name.clone(),
+            owner: w.owner.clone(),
+            mirror: annotations.contains_key(MIRROR_ANNOTATION),
+            terminal: false,
+            eviction_blocked: w.eviction_blocked.clone(),
+            gpu: !matches!(w.gpu, GpuDemand::None),
+            started_at: p.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            checkpoint_at: annotations
+                .get(&config.training.checkpoint_annotation)
+                .and_then(|v| v.parse::<Timestamp>().ok()),
+            deletion: p.metadata.deletion_timestamp.as_ref().map(|t| Deletion {
+                at: t.0,
+                grace: Duration::from_secs(
+                    p.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0) as u64
+                ),
+            }),
+        };
+        if facts.node.is_some() && facts.eviction_blocked.is_none() && facts.is_training() {
+            if let Some(reason) = drain::protection(&facts, config, now) {
+                protected.push((wi, reason));
+            }
+        }
+        if let Some(node) = &facts.node {
+            view.pods_by_node.entry(node.clone()).or_default().push(facts);
+        }
+    }
+    for (wi, reason) in protected {
+        view.snapshot.workloads[wi].eviction_blocked = Some(reason);
+    }
+    Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn node(name: &str, extra: Value) -> Node {
+        let mut v = json!({
+            "metadata": {"name": name, "labels": {"gpuscale.io/node-group": "gpu"}},
+            "spec": {"providerID": format!("sim:///{name}")},
+            "status": {
+                "allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                "capacity": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                "conditions": [{"type": "Ready", "status": "True"}]
+            }
+        });
+        merge(&mut v, extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn merge(a: &mut Value, b: Value) {
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn pod(name: &str, node: Option<&str>, extra: Value) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ml",
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": true}]},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": if node.is_some() { "Running" } else { "Pending" }}
+        });
+        if let Some(n) = node {
+            v["spec"]["nodeName"] = json!(n);
+        }
+        merge(&mut v, extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + s).unwrap()
+    }
+
+    #[test]
+    fn converts_stores_and_presents_unstarted_drains_as_before() {
+        let draining = node(
+            "n1",
+            json!({
+                "metadata": {"annotations": {drain::DRAIN_STARTED_AT: t(0).to_string(), drain::DRAIN_REASON: "empty"}},
+                "spec": {"unschedulable": true, "taints": [{"key": DISRUPTING_TAINT, "value": "true", "effect": "NoSchedule"}]}
+            }),
+        );
+        let evicting = node(
+            "n2",
+            json!({
+                "metadata": {"annotations": {drain::DRAIN_STARTED_AT: t(0).to_string(), drain::DRAIN_EVICTED: "true"}},
+                "spec": {"unschedulable": true, "taints": [{"key": DISRUPTING_TAINT, "value": "true", "effect": "NoSchedule"}]}
+            }),
+        );
+        let pods = vec![
+            Arc::new(pod("a", None, json!({}))),
+            Arc::new(pod("b", Some("n2"), json!({"status": {"startTime": t(-10).to_string()}}))),
+        ];
+        let nodes = vec![Arc::new(draining), Arc::new(evicting), Arc::new(node("n3", json!({})))];
+        let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
+        let view = build(&nodes, &pods, &pdbs, &[], &ControllerConfig::default(), t(10)).unwrap();
+        assert_eq!(view.snapshot.nodes.len(), 3);
+        let n1 = view.snapshot.nodes.iter().find(|n| n.name == "n1").unwrap();
+        assert!(!n1.unschedulable && n1.taints.is_empty(), "{n1:?}");
+        let n2 = view.snapshot.nodes.iter().find(|n| n.name == "n2").unwrap();
+        assert!(n2.unschedulable && n2.taints.len() == 1);
+        assert_eq!(view.drains.keys().collect::<Vec<_>>(), vec!["n1", "n2"]);
+        assert!(view.drains["n2"].evicted && !view.drains["n1"].evicted);
+        assert_eq!(pending_pod_ids(&pods), vec!["ml/a"]);
+        // The running GPU Job pod has run 20s: protected as a training pod, for planner and drain.
+        let b = view.snapshot.workloads.iter().find(|w| w.id == "ml/b").unwrap();
+        assert!(b.eviction_blocked.as_deref().unwrap().contains("minimum runtime"), "{b:?}");
+        let facts = &view.pods_by_node["n2"][0];
+        assert!(facts.is_training() && facts.started_at == Some(t(-10)));
+    }
+}
