@@ -122,6 +122,7 @@ async fn pending_gpu_pods_scale_up_and_land_on_the_new_node() {
     replica.stop.send_replace(true);
     replica.task.await.unwrap().unwrap();
     driver.abort();
+    harness::assert_requests_allowed_by_rbac(&c.server);
 }
 
 /// Two nodes: one runs a 3-GPU pod, the other a 1-GPU pod that fits beside it.
@@ -168,6 +169,7 @@ async fn an_underused_node_is_drained_and_deleted() {
     replica.stop.send_replace(true);
     replica.task.await.unwrap().unwrap();
     driver.abort();
+    harness::assert_requests_allowed_by_rbac(&c.server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,14 +394,19 @@ async fn dry_run_publishes_the_plan_and_changes_nothing() {
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(set_target_calls(&c).is_empty(), "dry run raised a group");
+    // The plan is published (events, status ConfigMaps); nothing else is written.
+    let published =
+        |path: &str| path.contains("/leases") || path.contains("/events") || path.contains("/configmaps/");
     let writes: Vec<String> = c
         .server
         .requests()
         .iter()
-        .filter(|r| r.method != "GET" && !r.path.contains("/leases"))
+        .filter(|r| r.method != "GET" && !published(&r.path))
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
     assert!(writes.is_empty(), "dry run wrote: {writes:?}");
+    let status = c.server.get("configmaps", "kube-system", "gpuscale-status");
+    assert!(status.is_some_and(|cm| cm["data"]["dryRun"] == "true"), "the dry-run plan is published");
     let node = c.server.get("nodes", "", &idle).unwrap();
     assert!(
         node["spec"]["unschedulable"].is_null()

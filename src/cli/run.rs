@@ -3,9 +3,13 @@
 use anyhow::Context;
 use clap::Args;
 use gpuscale::config::GpuscaleConfig;
+use gpuscale::controller::health::{self, Health};
+use gpuscale::controller::metrics::Metrics;
+use gpuscale::controller::observers::{HealthObserver, MetricsObserver, StatusObserver};
 use gpuscale::controller::providers::ProviderSet;
 use gpuscale::controller::reconcile::{Controller, ControllerOptions};
-use gpuscale::controller::LogObserver;
+use gpuscale::controller::status::StatusPublisher;
+use gpuscale::controller::{LogObserver, Observer, Observers};
 use gpuscale::providers::config;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +34,12 @@ pub struct RunArgs {
     /// `$POD_NAMESPACE`, else `gpuscale-system`).
     #[arg(long)]
     namespace: Option<String>,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` endpoints.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// `/healthz` fails when the leader has not completed a loop for this many seconds.
+    #[arg(long, default_value_t = 300)]
+    health_staleness_seconds: u64,
 }
 
 /// Runs the controller until SIGINT or SIGTERM.
@@ -63,20 +73,49 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let set = ProviderSet::connect(&providers).await?;
         let options = ControllerOptions {
             config: file.controller,
-            planner: file.planner,
+            planner: gpuscale::planner::PlannerSettings {
+                telemetry: file.telemetry,
+                tenancy: file.tenancy,
+                ..file.planner
+            },
             identity,
             namespace,
             dry_run: args.dry_run,
             drive_simulated_clock: true,
         };
-        let controller = Controller::new(client, Arc::new(set), options, Arc::new(LogObserver));
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new(std::time::Duration::from_secs(args.health_staleness_seconds)));
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut server_stop = stop_rx.clone();
+        let server = tokio::spawn(health::serve(listener, metrics.clone(), health.clone(), async move {
+            let _ = server_stop.wait_for(|s| *s).await;
+        }));
+        let (status, status_task) =
+            StatusPublisher::new(client.clone(), options.namespace.clone(), options.identity.clone())
+                .with_metrics(metrics.clone())
+                .spawn();
+        let observers: Vec<Arc<dyn Observer>> = vec![
+            Arc::new(LogObserver),
+            Arc::new(MetricsObserver(metrics)),
+            Arc::new(HealthObserver(health)),
+            Arc::new(StatusObserver::new(status.clone())),
+        ];
+        let controller = Controller::new(client, Arc::new(set), options, Arc::new(Observers(observers)));
         tokio::spawn(async move {
             shutdown_signal().await;
             tracing::info!("shutting down");
             stop_tx.send_replace(true);
         });
-        controller.run(stop_rx).await?;
+        let result = controller.run(stop_rx).await;
+        status.flush().await;
+        status_task.abort();
+        if let Err(e) = server.await.context("metrics server task")? {
+            tracing::warn!(error = %e, "metrics server stopped with an error");
+        }
+        result?;
         Ok(ExitCode::SUCCESS)
     })
 }

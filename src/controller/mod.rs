@@ -15,6 +15,8 @@ pub mod health;
 #[cfg(feature = "controller")]
 pub mod metrics;
 #[cfg(feature = "controller")]
+pub mod observers;
+#[cfg(feature = "controller")]
 pub mod rbac;
 #[cfg(feature = "controller")]
 pub mod status;
@@ -65,6 +67,12 @@ mod observer {
         fn eviction_blocked(&self, pod: &str, node: &str, reason: &str);
         /// A group is kept out of scale-ups for a while.
         fn backoff(&self, group: &str, reason: &str);
+        /// The reflector caches hold the whole cluster (readiness).
+        fn caches_synced(&self) {}
+        /// This replica became (or stopped being) the leader.
+        fn leadership(&self, _leader: bool) {}
+        /// The node groups as the clouds report them, before each plan.
+        fn groups_refreshed(&self, _groups: &[crate::model::NodeGroup]) {}
     }
 
     /// Ignores everything.
@@ -156,5 +164,14 @@ impl Observer for Observers {
     }
     fn backoff(&self, group: &str, reason: &str) {
         self.0.iter().for_each(|o| o.backoff(group, reason));
+    }
+    fn caches_synced(&self) {
+        self.0.iter().for_each(|o| o.caches_synced());
+    }
+    fn leadership(&self, leader: bool) {
+        self.0.iter().for_each(|o| o.leadership(leader));
+    }
+    fn groups_refreshed(&self, groups: &[crate::model::NodeGroup]) {
+        self.0.iter().for_each(|o| o.groups_refreshed(groups));
     }
 }

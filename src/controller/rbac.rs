@@ -27,7 +27,7 @@ const fn rule(
 /// What the controller needs cluster-wide (ClusterRole): watch nodes, pods, PDBs and pod groups;
 /// cordon (patch) and delete nodes; evict pods; record events in both event APIs.
 pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
-    rule(&[""], &["nodes"], &["get", "list", "watch", "patch", "delete"]),
+    rule(&[""], &["nodes"], &["get", "list", "watch", "update", "delete"]),
     rule(&[""], &["pods"], &["get", "list", "watch"]),
     rule(&[""], &["pods/eviction"], &["create"]),
     rule(&["policy"], &["poddisruptionbudgets"], &["list", "watch"]),
@@ -41,7 +41,7 @@ pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
 /// no read access to other ConfigMaps or Secrets is needed.
 pub const CONTROLLER_NAMESPACE_RULES: &[Rule] = &[
     rule(&["coordination.k8s.io"], &["leases"], &["get", "create", "update"]),
-    rule(&[""], &["configmaps"], &["get", "create", "update", "patch"]),
+    rule(&[""], &["configmaps"], &["get", "patch"]),
 ];
 
 /// What the node agent (DaemonSet) needs cluster-wide: read and annotate its own node.
@@ -149,7 +149,10 @@ mod tests {
     fn controller_rules_allow_what_the_controller_does_and_nothing_more() {
         let c = CONTROLLER_CLUSTER_RULES;
         assert!(allows(c, "watch", "", "nodes"));
-        assert!(allows(c, "patch", "", "nodes"));
+        assert!(
+            allows(c, "update", "", "nodes"),
+            "cordon and drain state: read-modify-write with resourceVersion"
+        );
         assert!(allows(c, "delete", "", "nodes"));
         assert!(allows(c, "create", "", "pods/eviction"));
         assert!(allows(c, "create", "events.k8s.io", "events"));
@@ -157,12 +160,13 @@ mod tests {
         assert!(!allows(c, "create", "", "pods"));
         assert!(!allows(c, "create", "policy", "pods/eviction"), "eviction is in the core group");
         assert!(!allows(c, "get", "", "secrets"));
-        assert!(!allows(c, "update", "", "nodes"));
+        assert!(!allows(c, "patch", "", "nodes"));
         let ns = CONTROLLER_NAMESPACE_RULES;
         assert!(allows(ns, "update", "coordination.k8s.io", "leases"));
         assert!(!allows(ns, "delete", "coordination.k8s.io", "leases"));
         assert!(allows(ns, "patch", "", "configmaps"));
         assert!(!allows(ns, "list", "", "configmaps"));
+        assert!(!allows(ns, "update", "", "configmaps"), "status maps are server-side applied");
         assert!(allows(AGENT_CLUSTER_RULES, "patch", "", "nodes"));
         assert!(!allows(AGENT_CLUSTER_RULES, "list", "", "nodes"));
     }
@@ -189,9 +193,11 @@ mod tests {
         let d = request_attributes("DELETE", "/api/v1/namespaces/ml/pods", false).unwrap();
         assert_eq!(d.verb, "deletecollection");
         assert!(!controller_allows(&d, "gs"));
-        let n = request_attributes("PATCH", "/api/v1/nodes/gpu-1", false).unwrap();
-        assert_eq!((n.verb, n.resource.as_str(), n.namespace.clone()), ("patch", "nodes", None));
+        let n = request_attributes("PUT", "/api/v1/nodes/gpu-1", false).unwrap();
+        assert_eq!((n.verb, n.resource.as_str(), n.namespace.clone()), ("update", "nodes", None));
         assert!(controller_allows(&n, "gs"));
+        let p = request_attributes("PATCH", "/api/v1/nodes/gpu-1", false).unwrap();
+        assert!(!controller_allows(&p, "gs"), "only the agent patches nodes");
         assert_eq!(request_attributes("GET", "/version", false), None);
         assert_eq!(request_attributes("GET", "/apis/events.k8s.io/v1", false), None);
     }

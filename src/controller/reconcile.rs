@@ -217,6 +217,7 @@ impl Controller {
             _ = shutdown.wait_for(|s| *s) => return Ok(()),
         }
         tracing::info!(identity = %self.options.identity, dry_run = self.options.dry_run, "caches synced");
+        self.observer.caches_synced();
 
         let (lead_tx, mut lead_rx) = watch::channel(false);
         let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
@@ -245,7 +246,9 @@ impl Controller {
                 _ = tokio::time::sleep_until(wake.into()) => {}
                 r = lead_rx.changed() => {
                     if r.is_err() { break; }
-                    if *lead_rx.borrow() { next_pass = Instant::now(); }
+                    let leader = *lead_rx.borrow();
+                    self.observer.leadership(leader);
+                    if leader { next_pass = Instant::now(); }
                 }
                 _ = shutdown.wait_for(|s| *s) => break,
             }
@@ -315,6 +318,7 @@ impl Controller {
             );
         }
         let groups = refreshed.groups;
+        self.observer.groups_refreshed(&groups);
         readiness::track_instances(&mut state.first_seen, &groups, now);
         let pod_groups: Vec<serde_json::Value> = stores
             .pod_groups
@@ -340,6 +344,12 @@ impl Controller {
                 if let Readiness::InFlight(why) = readiness::classify(node, template) {
                     tracing::debug!(node = %node.name, why, "node in flight");
                     node.state = NodeState::Initializing;
+                } else if let (Some(_), Some(template)) = (&node.telemetry, template) {
+                    // Where the agent runs, its NVML readings must show the promised GPUs too.
+                    if let Err(why) = crate::model::telemetry::telemetry_confirms(node, template) {
+                        tracing::debug!(node = %node.name, why, "node in flight: telemetry disagrees");
+                        node.state = NodeState::Initializing;
+                    }
                 }
             }
         }
@@ -369,7 +379,8 @@ impl Controller {
             groups: groups.clone(),
             unavailable: self.providers.unavailable(&groups),
         };
-        let plan = planner::plan(&input, &self.options.planner);
+        let settings = PlannerSettings { now: Some(now.as_second()), ..self.options.planner.clone() };
+        let plan = planner::plan(&input, &settings);
         self.observer.plan_computed(&plan, &view.snapshot, dry, started.elapsed());
         if dry || !Self::leading(lead) {
             return Ok(busy);

@@ -303,11 +303,41 @@ impl Cluster {
             dry_run,
             drive_simulated_clock: false,
         };
-        let controller = Controller::new(client, providers, options, recorder.clone());
+        // Events and status ConfigMaps go out too, as in `gpuscale run`, so the request log shows
+        // everything the controller's service account must be allowed to do.
+        let (status, _status_task) =
+            gpuscale::controller::status::StatusPublisher::new(client.clone(), LEASE_NAMESPACE, replica)
+                .spawn();
+        let observers: Vec<Arc<dyn gpuscale::controller::Observer>> =
+            vec![recorder.clone(), Arc::new(gpuscale::controller::observers::StatusObserver::new(status))];
+        let controller =
+            Controller::new(client, providers, options, Arc::new(gpuscale::controller::Observers(observers)));
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(controller.run(stop_rx));
         Replica { task, stop, recorder }
     }
+}
+
+/// Panics unless every request of the controller replicas was allowed by the RBAC rules the chart
+/// grants (`controller::rbac`).
+pub fn assert_requests_allowed_by_rbac(server: &FakeApiServer) {
+    use gpuscale::controller::rbac::{controller_allows, request_attributes};
+    let requests = server.requests();
+    let mut checked = 0;
+    for r in requests.iter().filter(|r| r.replica.is_some()) {
+        let watch = r.query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
+        let attrs = request_attributes(&r.method, &r.path, watch)
+            .unwrap_or_else(|| panic!("unrecognised request {} {}", r.method, r.path));
+        assert!(
+            controller_allows(&attrs, LEASE_NAMESPACE),
+            "{} {}?{} ({attrs:?}) is not allowed by the chart's RBAC",
+            r.method,
+            r.path,
+            r.query
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "no controller requests recorded");
 }
 
 /// A running controller replica.
