@@ -1,81 +1,33 @@
-//! The node annotation publisher against a local fake Kubernetes API server: a JSON merge patch
-//! of exactly the telemetry annotation on the agent's node.
+//! The agent's node annotation over real HTTP against the in-process fake Kubernetes API server:
+//! one merge patch of the one annotation, only on material changes, and only requests the agent's
+//! RBAC rules (`controller::rbac::AGENT_CLUSTER_RULES`) allow.
 
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method, StatusCode};
-use axum::routing::any;
-use axum::Router;
+#[path = "support/apiserver/mod.rs"]
+mod apiserver;
+
+use apiserver::FakeApiServer;
 use gpuscale::agent::NodeAnnotator;
+use gpuscale::controller::rbac::{allows, request_attributes, AGENT_CLUSTER_RULES};
 use gpuscale::model::{GpuSample, NodeTelemetry, TELEMETRY_ANNOTATION};
-use std::sync::{Arc, Mutex};
+use serde_json::json;
+use std::time::{Duration, Instant};
 
-type Seen = Arc<Mutex<Vec<(Method, String, String, serde_json::Value)>>>;
+const REPLICA: &str = "agent";
 
-async fn node_endpoint(
-    State(seen): State<Seen>,
-    method: Method,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    seen.lock().unwrap().push((method, name.clone(), content_type, patch.clone()));
-    let annotations = patch["metadata"]["annotations"].clone();
-    let node = serde_json::json!({
+fn node(name: &str) -> serde_json::Value {
+    json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "annotations": annotations}
-    });
-    (StatusCode::OK, [("content-type", "application/json")], node.to_string())
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"},
+                     "annotations": {"other.example/keep": "yes"}},
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publishes_the_annotation_with_a_merge_patch() {
-    let seen: Seen = Arc::default();
-    let app = Router::new().route("/api/v1/nodes/{name}", any(node_endpoint)).with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding a loopback port");
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-    let client = kube::Client::try_from(config).expect("a client for the fake API server");
-    let telemetry = NodeTelemetry {
+fn gpu(util: u8, idle_since: Option<u64>) -> NodeTelemetry {
+    NodeTelemetry {
         sampled_at: 1_764_700_000,
         gpus: vec![GpuSample {
             index: 0,
             uuid: "GPU-abc".into(),
-            model: "L4".into(),
-            utilization_pct: Some(0),
-            memory_used_bytes: 0,
-            memory_total_bytes: 24 << 30,
-            ecc_errors: 0,
-            healthy: true,
-            mig: vec![],
-            idle_since: Some(1_764_690_000),
-        }],
-    };
-    NodeAnnotator::new(client, "gpu-node-1".into()).publish(&telemetry).await.expect("patch accepted");
-
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    let (method, node, content_type, patch) = &seen[0];
-    assert_eq!((method, node.as_str()), (&Method::PATCH, "gpu-node-1"));
-    assert_eq!(content_type, "application/merge-patch+json");
-    let annotations = patch["metadata"]["annotations"].as_object().unwrap();
-    assert_eq!(annotations.len(), 1, "only the telemetry annotation is touched: {patch}");
-    let value = annotations[TELEMETRY_ANNOTATION].as_str().unwrap();
-    assert_eq!(NodeTelemetry::decode("gpu-node-1", value).unwrap(), telemetry);
-    assert!(patch.as_object().unwrap().len() == 1, "nothing but metadata: {patch}");
-    server.abort();
-}
-
-fn gpu(util: u8) -> NodeTelemetry {
-    NodeTelemetry {
-        sampled_at: 0,
-        gpus: vec![GpuSample {
-            index: 0,
-            uuid: "GPU-loop".into(),
             model: "L4".into(),
             utilization_pct: Some(util),
             memory_used_bytes: 1 << 30,
@@ -83,25 +35,63 @@ fn gpu(util: u8) -> NodeTelemetry {
             ecc_errors: 0,
             healthy: true,
             mig: vec![],
-            idle_since: None,
+            idle_since,
         }],
     }
+}
+
+/// The agent's writes (PATCHes of nodes), after checking every request it made is allowed.
+fn agent_writes(server: &FakeApiServer) -> Vec<apiserver::RecordedRequest> {
+    let requests: Vec<_> =
+        server.requests().into_iter().filter(|r| r.replica.as_deref() == Some(REPLICA)).collect();
+    for r in &requests {
+        let a = request_attributes(&r.method, &r.path, false).expect("a Kubernetes API request");
+        assert!(
+            allows(AGENT_CLUSTER_RULES, a.verb, &a.api_group, &a.resource),
+            "{} {} is not allowed by the agent's RBAC",
+            r.method,
+            r.path
+        );
+    }
+    requests.into_iter().filter(|r| r.method == "PATCH").collect()
+}
+
+fn published(server: &FakeApiServer, name: &str) -> Option<NodeTelemetry> {
+    let node = server.get("nodes", "", name)?;
+    let value = node["metadata"]["annotations"][TELEMETRY_ANNOTATION].as_str()?.to_string();
+    Some(NodeTelemetry::decode(name, &value).expect("a valid annotation"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_the_annotation_with_a_merge_patch() {
+    let server = FakeApiServer::start().await;
+    server.create(node("gpu-node-1"));
+    let telemetry = gpu(0, Some(1_764_690_000));
+    NodeAnnotator::new(server.replica_client(REPLICA), "gpu-node-1".into())
+        .publish(&telemetry)
+        .await
+        .expect("patch accepted");
+
+    let writes = agent_writes(&server);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].path, "/api/v1/nodes/gpu-node-1");
+    assert_eq!(writes[0].content_type.as_deref(), Some("application/merge-patch+json"));
+    let patch: serde_json::Value = serde_json::from_str(&writes[0].body).unwrap();
+    assert_eq!(patch.as_object().unwrap().len(), 1, "nothing but metadata: {patch}");
+    assert_eq!(patch["metadata"]["annotations"].as_object().unwrap().len(), 1, "one annotation: {patch}");
+    assert_eq!(published(&server, "gpu-node-1"), Some(telemetry));
+    let stored = server.get("nodes", "", "gpu-node-1").unwrap();
+    assert_eq!(stored["metadata"]["annotations"]["other.example/keep"], "yes", "other annotations stay");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_loop_writes_only_material_changes() {
     use gpuscale::agent::{self, AgentOptions, MemorySource, PublishPolicy};
-    use std::time::{Duration, Instant};
 
-    let seen: Seen = Arc::default();
-    let app = Router::new().route("/api/v1/nodes/{name}", any(node_endpoint)).with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding a loopback port");
-    let api = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = kube::Client::try_from(kube::Config::new(format!("http://{api}").parse().unwrap())).unwrap();
-
+    let server = FakeApiServer::start().await;
+    server.create(node("gpu-node-2"));
     // Busy, the same busy reading four more times (jitter only), then a big drop, repeated.
-    let samples = [gpu(80), gpu(82), gpu(79), gpu(81), gpu(80), gpu(10)];
+    let samples = [gpu(80, None), gpu(82, None), gpu(79, None), gpu(81, None), gpu(80, None), gpu(10, None)];
     let options = AgentOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         interval: Duration::from_millis(50),
@@ -113,30 +103,29 @@ async fn the_agent_loop_writes_only_material_changes() {
     let task = tokio::spawn(agent::run(
         options,
         Box::new(MemorySource::new(samples)),
-        Some(client),
+        Some(server.replica_client(REPLICA)),
         async move {
             let _ = stop_rx.await;
         },
         None,
     ));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while seen.lock().unwrap().len() < 2 {
-        assert!(Instant::now() < deadline, "fewer than 2 writes in 30s: {:?}", seen.lock().unwrap());
+    while agent_writes(&server).len() < 2 {
+        assert!(Instant::now() < deadline, "fewer than 2 writes in 30s: {:?}", agent_writes(&server));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Several more samples of the unchanged last reading: no more writes.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop_tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(30), task).await.expect("agent stopped").unwrap().unwrap();
-    let seen = seen.lock().unwrap().clone();
-    let utils: Vec<Option<u8>> = seen
+    let utils: Vec<Option<u8>> = agent_writes(&server)
         .iter()
-        .map(|(_, node, _, patch)| {
-            assert_eq!(node, "gpu-node-2");
+        .map(|r| {
+            let patch: serde_json::Value = serde_json::from_str(&r.body).unwrap();
             let value = patch["metadata"]["annotations"][TELEMETRY_ANNOTATION].as_str().unwrap();
-            NodeTelemetry::decode(node, value).unwrap().gpus[0].utilization_pct
+            NodeTelemetry::decode("gpu-node-2", value).unwrap().gpus[0].utilization_pct
         })
         .collect();
     assert_eq!(utils, vec![Some(80), Some(10)], "one write per material change");
-    server.abort();
+    assert_eq!(published(&server, "gpu-node-2").unwrap().gpus[0].utilization_pct, Some(10));
 }
