@@ -19,4 +19,6 @@ pub mod providers;
 pub mod scheduler;
 pub mod sim;
 pub mod tenancy;
+#[cfg(any(feature = "controller", feature = "agent"))]
+pub mod tls;
 pub mod trace;

@@ -141,6 +141,7 @@ pub async fn run(
             continue;
         }
         if annotator.is_none() {
+            crate::tls::install_crypto_provider();
             match kube::Client::try_default().await {
                 Ok(client) => annotator = Some(NodeAnnotator::new(client, node.clone())),
                 Err(e) => {

@@ -69,6 +69,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // The loop retries on its own schedule; kube's built-in retry would sit out an eviction's
         // 429 Retry-After inside one pass and stall every other node.
         kube_config.default_retry = false;
+        gpuscale::tls::install_crypto_provider();
         let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
         let set = ProviderSet::connect(&providers).await?;
         let options = ControllerOptions {

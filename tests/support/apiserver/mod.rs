@@ -368,6 +368,7 @@ impl FakeApiServer {
 
     /// A kube client for this server (see [`Self::config`]).
     pub fn client(&self) -> kube::Client {
+        gpuscale::tls::install_crypto_provider();
         kube::Client::try_from(self.config()).expect("fake apiserver: building a kube client")
     }
 
@@ -378,6 +379,7 @@ impl FakeApiServer {
     pub fn client_with_retries(&self) -> kube::Client {
         let mut c = self.config();
         c.default_retry = true;
+        gpuscale::tls::install_crypto_provider();
         kube::Client::try_from(c).expect("fake apiserver: building a kube client")
     }
 
@@ -388,6 +390,7 @@ impl FakeApiServer {
             name.parse().unwrap_or_else(|e| panic!("header name {name:?}: {e}")),
             value.parse().unwrap_or_else(|e| panic!("header value {value:?}: {e}")),
         ));
+        gpuscale::tls::install_crypto_provider();
         kube::Client::try_from(c).expect("fake apiserver: building a kube client")
     }
 
