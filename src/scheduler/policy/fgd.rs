@@ -7,11 +7,12 @@
 
 use super::target::TargetWorkload;
 use super::Policy;
-use crate::model::{DeviceAssignment, Node, Workload};
+use crate::model::{DeviceAssignment, Node, Workload, GPU_MILLI};
 use crate::scheduler::fit::{self, Unfit};
 use crate::scheduler::view::{FreeView, MAX_GPUS};
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
+use std::rc::Rc;
 
 /// Fragmentation of nodes for one expected workload, memoised by node state.
 #[derive(Debug)]
@@ -22,6 +23,10 @@ pub struct Fragmentation {
     cpu_steps: Vec<u64>,
     models: RefCell<Vec<Option<String>>>,
     memo: RefCell<FxHashMap<FragKey, f64>>,
+    /// Whether usable GPUs count their expected eventual residue (see [`Fragmentation::eventual`]).
+    eventual: bool,
+    /// Per model index: expected eventual residue of one GPU by free milli.
+    residues: RefCell<Vec<Option<Rc<[f64]>>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,7 +43,56 @@ impl Fragmentation {
         let mut cpu_steps: Vec<u64> = target.shapes.iter().map(|s| s.cpu_milli).collect();
         cpu_steps.sort_unstable();
         cpu_steps.dedup();
-        Self { target, cpu_steps, models: RefCell::new(Vec::new()), memo: RefCell::new(FxHashMap::default()) }
+        Self {
+            target,
+            cpu_steps,
+            models: RefCell::new(Vec::new()),
+            memo: RefCell::new(FxHashMap::default()),
+            eventual: false,
+            residues: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Multi-step variant: the free room of a usable GPU is not all useful, since the tasks
+    /// that will fill it leave a residue. Each GPU counts the expected free milli left when
+    /// tasks drawn from the workload are placed on it until the first one that does not fit.
+    pub fn eventual(target: TargetWorkload) -> Self {
+        Self { eventual: true, ..Self::new(target) }
+    }
+
+    /// Expected residue table of one GPU of `model` (index `mi`): `r[f]` for free milli `f`.
+    fn residue_table(&self, mi: u16, model: Option<&str>) -> Rc<[f64]> {
+        let mut tables = self.residues.borrow_mut();
+        if tables.len() <= mi as usize {
+            tables.resize(mi as usize + 1, None);
+        }
+        if let Some(t) = &tables[mi as usize] {
+            return t.clone();
+        }
+        let shapes: Vec<(u32, f64)> = self
+            .target
+            .shapes
+            .iter()
+            .filter(|s| s.gpu_milli > 0 && s.accepts_model(model))
+            .map(|s| (s.gpu_milli.min(GPU_MILLI), s.weight))
+            .collect();
+        let total: f64 = shapes.iter().map(|s| s.1).sum();
+        let n = GPU_MILLI as usize + 1;
+        let mut r = vec![0.0; n];
+        for f in 1..n {
+            if total <= 0.0 {
+                r[f] = f as f64;
+                continue;
+            }
+            r[f] = shapes
+                .iter()
+                .map(|&(m, w)| w * if m as usize <= f { r[f - m as usize] } else { f as f64 })
+                .sum::<f64>()
+                / total;
+        }
+        let t: Rc<[f64]> = Rc::from(r);
+        tables[mi as usize] = Some(t.clone());
+        t
     }
 
     /// The expected workload.
@@ -65,16 +119,21 @@ impl Fragmentation {
         if let Some(&f) = self.memo.borrow().get(&key) {
             return f;
         }
-        let f = self.compute(model, view.cpu_milli, &gpus[..view.gpu_count as usize]);
+        let residue = self.eventual.then(|| self.residue_table(key.model, model));
+        let f = self.compute(model, view.cpu_milli, &gpus[..view.gpu_count as usize], residue.as_deref());
         self.memo.borrow_mut().insert(key, f);
         f
     }
 
-    fn compute(&self, model: Option<&str>, cpu_free: u64, gpus: &[u16]) -> f64 {
+    /// `residue`: per-GPU expected eventual residue by free milli ([`Fragmentation::eventual`]);
+    /// without it, a usable shape loses only the GPUs too small for it (the paper's measure).
+    fn compute(&self, model: Option<&str>, cpu_free: u64, gpus: &[u16], residue: Option<&[f64]>) -> f64 {
         let idle: u32 = gpus.iter().map(|&g| u32::from(g)).sum();
         if idle == 0 {
             return 0.0;
         }
+        let eventual: Option<f64> =
+            residue.map(|r| gpus.iter().map(|&g| r[usize::from(g).min(r.len() - 1)]).sum());
         let mut frag = 0.0;
         for shape in &self.target.shapes {
             let usable = shape.gpu_milli > 0
@@ -82,12 +141,14 @@ impl Fragmentation {
                 && cpu_free >= shape.cpu_milli
                 && gpus.iter().filter(|&&g| u32::from(g) >= shape.gpu_milli).count()
                     >= shape.gpu_count as usize;
-            let lost: u32 = if usable {
-                gpus.iter().map(|&g| u32::from(g)).filter(|&g| g < shape.gpu_milli).sum()
-            } else {
-                idle
+            let lost = match (usable, eventual) {
+                (false, _) => f64::from(idle),
+                (true, Some(e)) => e,
+                (true, None) => f64::from(
+                    gpus.iter().map(|&g| u32::from(g)).filter(|&g| g < shape.gpu_milli).sum::<u32>(),
+                ),
             };
-            frag += shape.weight * f64::from(lost);
+            frag += shape.weight * lost;
         }
         frag
     }
@@ -183,6 +244,25 @@ mod tests {
         // Without enough CPU for the shape, all free GPU is lost.
         let starved = FreeView { cpu_milli: 500, ..FreeView::of(&n) };
         assert_eq!(f.of(Some("T4"), &starved), 1300.0);
+    }
+
+    #[test]
+    fn eventual_residue_follows_the_tasks_that_fill_the_gpu() {
+        // Tasks of 0.8 and 0.5 GPU, equally likely.
+        let target = TargetWorkload { shapes: vec![shape(1000, 800, 1, 0.5), shape(1000, 500, 1, 0.5)] };
+        let f = Fragmentation::eventual(target.clone());
+        let r = f.residue_table(0, Some("T4"));
+        // 0.3 free: nothing fits, all lost. 0.5 free: a 0.5 fills it half the time, else stop.
+        assert_eq!(r[300], 300.0);
+        assert_eq!(r[500], 0.5 * 0.0 + 0.5 * 500.0);
+        // A whole GPU: a 0.8 leaves 0.2 for good; a 0.5 leaves 0.5, which ends as above.
+        assert_eq!(r[1000], 0.5 * 200.0 + 0.5 * r[500]);
+        // On a node where both shapes are usable, each GPU counts its residue: 250 + 225, where the
+        // paper's measure sees only the 0.5 GPU lost to the 0.8 shape.
+        let n = node(&[500, 0], 8000);
+        let n = Node { gpus: vec![n.gpus[0].clone(), GpuDevice::standard(1, 16384)], ..n };
+        assert_eq!(f.of(Some("T4"), &FreeView::of(&n)), 475.0);
+        assert_eq!(Fragmentation::new(target).of(Some("T4"), &FreeView::of(&n)), 250.0);
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! gpuscale's default placement policy.
 //!
-//! It starts from FGD's measure (expected GPU capacity a future task cannot use) and fixes two
+//! It starts from FGD's measure (expected GPU capacity a future task cannot use) and fixes three
 //! blind spots of it:
+//! - FGD looks one task ahead: room that fits the next task counts as fully useful, although the
+//!   tasks that fill it leave their own remainder (0.19 of a GPU after a 0.81 task, usable by few
+//!   shapes). We count each GPU's expected eventual residue instead
+//!   ([`Fragmentation::eventual`]), so placements that leave fillable remainders win.
 //! - FGD sees CPU only through the next task: a node whose free CPU still fits one more task
 //!   counts all its free GPUs as usable, even when the CPU supports only a fraction of them. We
 //!   add the GPU capacity that the node's free CPU cannot feed at the expected workload's CPU per
@@ -37,7 +41,7 @@ impl GpuscalePolicy {
         let cpu: f64 = gpu_shapes().map(|s| s.weight * s.cpu_milli as f64).sum();
         let gpu: f64 = gpu_shapes().map(|s| s.weight * f64::from(s.gpu_milli * s.gpu_count)).sum();
         let cpu_per_gpu_milli = if gpu > 0.0 { cpu / gpu } else { 0.0 };
-        Self { frag: Fragmentation::new(target), cpu_per_gpu_milli }
+        Self { frag: Fragmentation::eventual(target), cpu_per_gpu_milli }
     }
 
     /// Free GPU capacity (milli) that the node's free CPU cannot feed at the expected ratio.
