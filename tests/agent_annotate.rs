@@ -4,11 +4,13 @@
 
 #[path = "support/apiserver/mod.rs"]
 mod apiserver;
+#[path = "support/telemetry.rs"]
+mod telemetry;
 
 use apiserver::FakeApiServer;
 use gpuscale::agent::NodeAnnotator;
 use gpuscale::controller::rbac::{allows, request_attributes, AGENT_CLUSTER_RULES};
-use gpuscale::model::{GpuSample, NodeTelemetry, TELEMETRY_ANNOTATION};
+use gpuscale::model::{NodeTelemetry, TELEMETRY_ANNOTATION};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -23,21 +25,7 @@ fn node(name: &str) -> serde_json::Value {
 }
 
 fn gpu(util: u8, idle_since: Option<u64>) -> NodeTelemetry {
-    NodeTelemetry {
-        sampled_at: 1_764_700_000,
-        gpus: vec![GpuSample {
-            index: 0,
-            uuid: "GPU-abc".into(),
-            model: "L4".into(),
-            utilization_pct: Some(util),
-            memory_used_bytes: 1 << 30,
-            memory_total_bytes: 24 << 30,
-            ecc_errors: 0,
-            healthy: true,
-            mig: vec![],
-            idle_since,
-        }],
-    }
+    NodeTelemetry { sampled_at: 1_764_700_000, gpus: vec![telemetry::l4_sample(0, util, idle_since)] }
 }
 
 /// The agent's writes (PATCHes of nodes), after checking every request it made is allowed.

@@ -207,3 +207,30 @@ fn cli_writes_table_csv_and_svg() {
     let svg = std::fs::read_to_string(out.join("autoscale.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("gpuscale capacity"));
 }
+
+/// The targets on the default replay (the busiest day of the openb default trace, the
+/// embedded groups, default settings): at most 1.25x the lower bound and at least 25% below the
+/// Cluster-Autoscaler-like baseline at equal or better p95 pending time.
+#[test]
+fn default_replay_meets_the_cost_targets() {
+    let pods = openb::read_pods(&trace_dir().join("openb_pod_list_default.csv")).unwrap();
+    let (groups, cloud) = autoscale::openb_groups().unwrap();
+    let jobs = autoscale::jobs_from_openb(&pods, Some(autoscale::busiest_window_start(&pods, 24.0)), 24.0);
+    let cmp = autoscale::compare(&jobs, &groups, &AutoscaleConfig { cloud, ..Default::default() });
+    let run = |p: Autoscaler| cmp.runs.iter().find(|r| r.policy == p).unwrap();
+    let (gs, ca) = (run(Autoscaler::Gpuscale), run(Autoscaler::ClusterAutoscaler));
+    let bound = cmp.lower_bound.cost;
+    eprintln!(
+        "gpuscale ${:.0} ({:.3}x, p95 {} s), ca-like ${:.0} ({:.3}x, p95 {} s)",
+        gs.cost,
+        gs.cost / bound,
+        gs.pending_p95,
+        ca.cost,
+        ca.cost / bound,
+        ca.pending_p95
+    );
+    assert!(gs.cost <= 1.25 * bound, "{:.3}x the bound", gs.cost / bound);
+    assert!(gs.cost <= 0.75 * ca.cost, "only {:.1}% below CA-like", 100.0 * (1.0 - gs.cost / ca.cost));
+    assert!(gs.pending_p95 <= ca.pending_p95, "p95 {} s vs {} s", gs.pending_p95, ca.pending_p95);
+    assert_eq!(gs.never_ran, 0);
+}

@@ -42,7 +42,22 @@ fn eks_snapshot_with_mig_time_slicing_and_hami_gives_the_exact_plan() {
     assert!(matches!(&kai.devices, DeviceAssignment::Fraction { gpus, milli: 500, .. } if gpus.len() == 1));
     assert_eq!(plan.placements.len(), 4);
     assert!(plan.scale_ups.is_empty(), "{:?}", plan.scale_ups);
-    assert!(plan.scale_downs.is_empty() && plan.replacements.is_empty(), "{}", plan.to_table());
+    // The time-sliced T4 node's two whisper replicas fit the A10G node's spare shares: consolidated
+    // (every node whose pods fit elsewhere is a candidate by default, not only those below 50%).
+    assert!(plan.replacements.is_empty(), "{}", plan.to_table());
+    assert_eq!(plan.scale_downs.len(), 1, "{}", plan.to_table());
+    let down = &plan.scale_downs[0];
+    assert_eq!((down.node.as_str(), down.group.as_str()), ("ip-10-0-40-7.ec2.internal", "test/gpu-t4-ts"));
+    let mut moves = down.moves.clone();
+    moves.sort();
+    assert_eq!(
+        moves,
+        [
+            ("ml-inference/whisper-small-5d4b8c9f7-h7v4d", "ip-10-0-77-21.ec2.internal"),
+            ("ml-inference/whisper-small-5d4b8c9f7-pq2mz", "ip-10-0-77-21.ec2.internal"),
+        ]
+        .map(|(p, n)| (p.to_string(), n.to_string()))
+    );
     assert!(plan.unschedulable.is_empty());
     let kept: Vec<(&str, &str)> = plan.kept.iter().map(|k| (k.node.as_str(), k.reason.as_str())).collect();
     assert_eq!(
@@ -56,7 +71,7 @@ fn eks_snapshot_with_mig_time_slicing_and_hami_gives_the_exact_plan() {
             ),
         ]
     );
-    assert_eq!(plan.cost_before, plan.cost_after);
+    assert_eq!(plan.cost_before - plan.cost_after, down.saving_per_hour);
 }
 
 #[test]
@@ -261,8 +276,11 @@ fn a_pdb_with_no_disruptions_left_blocks_the_drain() {
         disruptions_allowed: 0,
     });
     let plan = plan(snapshot, g);
-    assert!(plan.scale_downs.is_empty());
     assert!(plan.kept.iter().any(|k| k.node == "idle" && k.reason.contains("PodDisruptionBudget a/x-pdb")));
+    // The protected pod stays; the planner consolidates the other way round instead.
+    assert_eq!(plan.scale_downs.len(), 1, "{}", plan.to_table());
+    assert_eq!(plan.scale_downs[0].node, "busy");
+    assert!(plan.scale_downs[0].moves.iter().all(|(pod, to)| pod != "a/x" && to == "idle"));
 }
 
 #[test]
@@ -276,8 +294,9 @@ fn do_not_disrupt_and_bare_pods_keep_their_node() {
         x.eviction_blocked = blocked;
         x.owner = owner;
         let plan = plan(snapshot, g);
-        assert!(plan.scale_downs.is_empty());
         assert!(plan.kept.iter().any(|k| k.node == "idle" && k.reason.contains(expect)), "{:?}", plan.kept);
+        assert!(plan.scale_downs.iter().all(|s| s.node != "idle"), "{}", plan.to_table());
+        assert!(plan.scale_downs.iter().flat_map(|s| &s.moves).all(|(pod, _)| pod != "a/x"));
     }
 }
 

@@ -37,8 +37,9 @@ pub struct AutoscaleArgs {
     #[arg(long)]
     empty_unneeded_seconds: Option<u64>,
     /// gpuscale's scale-down threshold: GPU nodes allocated below this share are removal
-    /// candidates when their pods fit elsewhere.
-    #[arg(long, default_value_t = 0.5)]
+    /// candidates when their pods fit elsewhere; 1.0 (the default): every node is (Karpenter's
+    /// rule), 0.5: Cluster Autoscaler's.
+    #[arg(long, default_value_t = 1.0)]
     scale_down_utilization: f64,
     /// Turn off gpuscale's consolidation (replacing nodes by cheaper ones).
     #[arg(long)]

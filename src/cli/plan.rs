@@ -36,7 +36,8 @@ pub struct PlanArgs {
     /// Do not plan scale-down or consolidation.
     #[arg(long)]
     no_scale_down: bool,
-    /// Scale-down utilisation threshold (0..1; default: the config's, else 0.5).
+    /// Scale-down utilisation threshold (0..1; default: the config's, else 1.0: every node whose
+    /// pods fit elsewhere; 0.5 is Cluster Autoscaler's).
     #[arg(long)]
     scale_down_utilization: Option<f64>,
 }

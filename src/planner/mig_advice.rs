@@ -316,7 +316,8 @@ pub(crate) fn advise(
             advice.pods.iter().flat_map(|(_, got)| got.iter().map(|(g, _)| *g)).collect();
         let changes: Vec<&Change> =
             advice.changes.iter().filter(|c| used_gpus.contains(&c.option.index)).collect();
-        let pods: Vec<String> = advice.pods.iter().map(|(wi, _)| workloads[*wi].id.clone()).collect();
+        let mut pods: Vec<String> = advice.pods.iter().map(|(wi, _)| workloads[*wi].id.clone()).collect();
+        pods.sort();
         waiting.retain(|wi| !advice.pods.iter().any(|(p, _)| p == wi));
 
         // The simulated node: instances the re-partition destroys are withdrawn (held by no pod,

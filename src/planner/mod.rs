@@ -20,7 +20,7 @@ pub use plan::{
     Unschedulable,
 };
 
-use crate::model::{ClusterSnapshot, NodeGroup, Workload};
+use crate::model::{ClusterSnapshot, Node, NodeGroup, Resources, Workload};
 use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
 use cluster::Origin;
 use serde::{Deserialize, Serialize};
@@ -48,7 +48,10 @@ pub struct PlannerSettings {
     /// Whether to remove under-used nodes.
     pub scale_down: bool,
     /// A node is a scale-down candidate below this utilisation (GPU allocation for GPU nodes,
-    /// max of CPU and memory otherwise).
+    /// max of CPU and memory otherwise); at 1.0 (the default) every node whose pods fit elsewhere
+    /// is one, as with Karpenter's `WhenEmptyOrUnderutilized`. 0.5 is Cluster Autoscaler's rule,
+    /// which keeps fully allocated but badly packed nodes (a 2-GPU node whose CPU-heavy pods would
+    /// fit in the spare room of others) for as long as their pods run.
     pub scale_down_utilization: f64,
     /// Whether to replace nodes by cheaper ones.
     pub consolidation: bool,
@@ -77,7 +80,7 @@ impl Default for PlannerSettings {
             policy: PolicyKind::Gpuscale,
             seed: 42,
             scale_down: true,
-            scale_down_utilization: 0.5,
+            scale_down_utilization: 1.0,
             consolidation: true,
             max_new_nodes: 1000,
             max_disruptions: 50,
@@ -101,13 +104,28 @@ pub(crate) struct Unit {
     pub gang: Option<String>,
 }
 
-/// Groups pending pods into units, highest priority first, then oldest, then by name.
-fn pending_units(workloads: &[Workload]) -> Vec<Unit> {
+/// Groups pending pods into units, highest priority first, then largest first, then oldest,
+/// then by name.
+///
+/// Within a priority, pods are packed largest first (by their dominant share of `capacity`), as
+/// Cluster Autoscaler's bin-packing estimator does: first-fit decreasing needs markedly fewer nodes
+/// than arrival order when many pods wait at once (a cold start, a burst).
+fn pending_units(workloads: &[Workload], capacity: &Resources, gpu_capacity_milli: u64) -> Vec<Unit> {
     let mut pending: Vec<usize> =
         (0..workloads.len()).filter(|&i| workloads[i].node_name.is_none()).collect();
+    let share = |w: &Workload| -> f64 {
+        let cpu = w.requests.cpu_milli as f64 / capacity.cpu_milli.max(1) as f64;
+        let mem = w.requests.memory_bytes as f64 / capacity.memory_bytes.max(1) as f64;
+        let gpu = w.gpu.gpu_milli(0, None, 1) as f64 / gpu_capacity_milli.max(1) as f64;
+        cpu.max(mem).max(gpu)
+    };
     pending.sort_by(|&a, &b| {
         let (x, y) = (&workloads[a], &workloads[b]);
-        y.priority.cmp(&x.priority).then(x.created_at.cmp(&y.created_at)).then(x.id.cmp(&y.id))
+        y.priority
+            .cmp(&x.priority)
+            .then(share(y).total_cmp(&share(x)))
+            .then(x.created_at.cmp(&y.created_at))
+            .then(x.id.cmp(&y.id))
     });
     let mut units: Vec<Unit> = Vec::new();
     let mut gang_unit: BTreeMap<&str, usize> = BTreeMap::new();
@@ -154,7 +172,9 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
 
     // 0. Tenancy: fair-share order, quota and workload-class admission.
     let mut gate = settings.tenancy.as_ref().map(|c| tenancy::Gate::new(c, snapshot, &groups, settings.now));
-    let mut units = pending_units(&snapshot.workloads);
+    let capacity = scale_nodes.iter().fold(Resources::default(), |acc, n| acc.saturating_add(&n.allocatable));
+    let gpu_capacity: u64 = scale_nodes.iter().map(Node::gpu_milli_capacity).sum();
+    let mut units = pending_units(&snapshot.workloads, &capacity, gpu_capacity);
     let mut reclaim = Vec::new();
     if let Some(g) = gate.as_mut() {
         let gpu_milli = snapshot.nodes.iter().map(|n| n.gpu_milli_capacity()).sum();

@@ -150,7 +150,7 @@ pub(crate) fn plan(
                 reclaimable.get(n).copied().unwrap_or(0) as f64 / node.gpu_milli_capacity().max(1) as f64;
             ((utilization(node) - reclaim).max(0.0), price, node.name.clone(), n)
         })
-        .filter(|(u, ..)| *u < settings.scale_down_utilization)
+        .filter(|(u, ..)| *u < settings.scale_down_utilization || settings.scale_down_utilization >= 1.0)
         .collect();
     candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
 
@@ -205,6 +205,8 @@ pub(crate) fn plan(
                         .collect(),
                     reason: if moved.is_empty() && util == 0.0 {
                         "empty".to_string()
+                    } else if settings.scale_down_utilization >= 1.0 {
+                        format!("{what} {:.0}%; its pods fit on other nodes", util * 100.0)
                     } else {
                         format!(
                             "{what} {:.0}% < {:.0}%; its pods fit on other nodes",

@@ -165,7 +165,7 @@ pub struct AutoscaleConfig {
     pub backoff: u64,
     /// Seed of the simulated cloud (capacity errors) and tie-breaks.
     pub seed: u64,
-    /// gpuscale planner's scale-down threshold (GPU allocation of GPU nodes).
+    /// gpuscale planner's scale-down threshold (GPU allocation of GPU nodes; 1.0: every node).
     pub scale_down_utilization: f64,
     /// Whether gpuscale replaces nodes by cheaper ones (the planner's consolidation).
     pub consolidation: bool,
@@ -182,7 +182,7 @@ impl Default for AutoscaleConfig {
             scale_down_delay_after_add: 600,
             backoff: 300,
             seed: 42,
-            scale_down_utilization: 0.5,
+            scale_down_utilization: 1.0,
             consolidation: true,
             cloud: SimulationSettings { boot: Duration::from_secs(120), ..Default::default() },
         }

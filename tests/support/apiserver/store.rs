@@ -367,6 +367,20 @@ pub fn ts(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// A create or update body must be an object of the resource's kind (when it names one).
+fn check_body(rk: &ResourceKind, obj: &Value, verb: &str) -> Result<(), ApiError> {
+    if !obj.is_object() {
+        return Err(ApiError::bad_request(format!("the body of a {} {verb} must be a JSON object", rk.kind)));
+    }
+    match obj.get("kind").and_then(Value::as_str) {
+        Some(k) if k != rk.kind => Err(ApiError::bad_request(format!(
+            "the kind of the provided object ({k}) does not match the resource {}",
+            rk.group_resource()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
     o.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str)
 }
@@ -586,20 +600,7 @@ impl Store {
         now: Timestamp,
     ) -> Result<Value, ApiError> {
         let rk = &RESOURCES[res];
-        if !obj.is_object() {
-            return Err(ApiError::bad_request(format!(
-                "the body of a {} create must be a JSON object",
-                rk.kind
-            )));
-        }
-        if let Some(k) = obj.get("kind").and_then(Value::as_str) {
-            if k != rk.kind {
-                return Err(ApiError::bad_request(format!(
-                    "the kind of the provided object ({k}) does not match the resource {}",
-                    rk.group_resource()
-                )));
-            }
-        }
+        check_body(rk, &obj, "create")?;
         if let Some(av) = obj.get("apiVersion").and_then(Value::as_str) {
             if av != rk.api_version() {
                 return Err(ApiError::bad_request(format!(
@@ -739,17 +740,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let rk = &RESOURCES[res];
         let old = self.get_or_404(res, ns, name)?;
-        if !new.is_object() {
-            return Err(ApiError::bad_request(format!(
-                "the body of a {} update must be a JSON object",
-                rk.kind
-            )));
-        }
-        if let Some(k) = new.get("kind").and_then(Value::as_str) {
-            if k != rk.kind {
-                return Err(ApiError::bad_request(format!("kind {k} does not match {}", rk.kind)));
-            }
-        }
+        check_body(rk, &new, "update")?;
         if let Some(n) = meta_str(&new, "name") {
             if n != name {
                 return Err(ApiError::bad_request(format!(
