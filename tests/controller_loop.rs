@@ -394,9 +394,10 @@ async fn dry_run_publishes_the_plan_and_changes_nothing() {
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(set_target_calls(&c).is_empty(), "dry run raised a group");
-    // The plan is published (events, status ConfigMaps); nothing else is written.
+    // The plan is published (events, its own status ConfigMaps); nothing else is written, not even
+    // the Lease: a dry-run replica must not keep the acting controller from leading.
     let published =
-        |path: &str| path.contains("/leases") || path.contains("/events") || path.contains("/configmaps/");
+        |path: &str| path.contains("/events") || path.contains("/configmaps/gpuscale-dry-run-status");
     let writes: Vec<String> = c
         .server
         .requests()
@@ -405,8 +406,16 @@ async fn dry_run_publishes_the_plan_and_changes_nothing() {
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
     assert!(writes.is_empty(), "dry run wrote: {writes:?}");
-    let status = c.server.get("configmaps", "kube-system", "gpuscale-status");
+    let status = c.server.get("configmaps", "kube-system", "gpuscale-dry-run-status");
     assert!(status.is_some_and(|cm| cm["data"]["dryRun"] == "true"), "the dry-run plan is published");
+    assert!(
+        c.server.get("configmaps", "kube-system", "gpuscale-status").is_none(),
+        "the acting one's map is left alone"
+    );
+    assert!(
+        c.server.get("leases", harness::LEASE_NAMESPACE, "gpuscale-controller").is_none(),
+        "no Lease taken"
+    );
     let node = c.server.get("nodes", "", &idle).unwrap();
     assert!(
         node["spec"]["unschedulable"].is_null()

@@ -9,7 +9,7 @@ mod apiserver;
 use apiserver::{FakeApiServer, Fault, RecordedRequest};
 use gpuscale::controller::metrics::Metrics;
 use gpuscale::controller::rbac;
-use gpuscale::controller::status::{StatusPublisher, STATUS_CONFIGMAP};
+use gpuscale::controller::status::{StatusPublisher, DRY_RUN_STATUS_CONFIGMAP, STATUS_CONFIGMAP};
 use gpuscale::model::{dollars, ClusterSnapshot, Node, NodeGroup, NodeState};
 use gpuscale::planner::{Plan, ScaleDown, ScaleUp, Unschedulable};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -257,10 +257,14 @@ async fn dry_run_says_would_and_marks_the_configmaps() {
             "dry-run events say what would happen: {note}"
         );
     }
-    for name in ["gpuscale-status-gpu-h100", "gpuscale-status-l4-spot", STATUS_CONFIGMAP] {
+    // Its own maps, so a dry-run replica never overwrites the acting controller's.
+    for name in
+        ["gpuscale-dry-run-status-gpu-h100", "gpuscale-dry-run-status-l4-spot", DRY_RUN_STATUS_CONFIGMAP]
+    {
         assert_eq!(text(&data(&server, name), "dryRun"), "true", "{name}");
     }
-    let h100 = data(&server, "gpuscale-status-gpu-h100");
+    assert!(server.get("configmap", NS, STATUS_CONFIGMAP).is_none());
+    let h100 = data(&server, "gpuscale-dry-run-status-gpu-h100");
     assert!(!h100.contains_key("lastScaleUpTime"), "nothing was acted on");
     assert!(!h100.contains_key("readyNodes"), "publish_plan has no snapshot");
 

@@ -219,16 +219,22 @@ impl Controller {
         tracing::info!(identity = %self.options.identity, dry_run = self.options.dry_run, "caches synced");
         self.observer.caches_synced();
 
+        // A dry-run replica acts on nothing, so it does not take part in the election (holding the
+        // Lease would stop the acting controller): it plans every pass.
         let (lead_tx, mut lead_rx) = watch::channel(false);
         let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
-        let elector = LeaderElector::new(
-            self.client.clone(),
-            &self.options.namespace,
-            &cfg.lease.name,
-            &self.options.identity,
-            Duration::from_secs(u64::from(cfg.lease.duration_seconds)),
-        );
-        let elector_task = tokio::spawn(elector.run(secs(cfg.lease.renew_seconds), lead_tx, elector_stop_rx));
+        let (elector_task, _never_leading) = if self.options.dry_run {
+            (None, Some(lead_tx))
+        } else {
+            let elector = LeaderElector::new(
+                self.client.clone(),
+                &self.options.namespace,
+                &cfg.lease.name,
+                &self.options.identity,
+                Duration::from_secs(u64::from(cfg.lease.duration_seconds)),
+            );
+            (Some(tokio::spawn(elector.run(secs(cfg.lease.renew_seconds), lead_tx, elector_stop_rx))), None)
+        };
 
         let mut state = LoopState {
             batcher: Batcher::new(secs(cfg.batch_idle_seconds), secs(cfg.batch_max_seconds)),
@@ -270,7 +276,7 @@ impl Controller {
                 BatchState::Ready => true,
                 BatchState::Idle => tick >= next_pass,
             };
-            if !run_pass || !*lead_rx.borrow() {
+            if !run_pass || !(self.options.dry_run || *lead_rx.borrow()) {
                 if tick >= next_pass {
                     next_pass = tick + secs(cfg.resync_seconds);
                 }
@@ -289,7 +295,9 @@ impl Controller {
         }
         drop(tasks);
         elector_stop_tx.send_replace(true);
-        let _ = elector_task.await;
+        if let Some(task) = elector_task {
+            let _ = task.await;
+        }
         Ok(())
     }
 

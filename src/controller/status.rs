@@ -10,7 +10,8 @@
 //! ConfigMaps, server-side applied with field manager `gpuscale` in the controller's namespace:
 //! `gpuscale-status-<group>` per node group (sizes, node counts, last scale-up/-down, backoff,
 //! the group's part of the last plan) and `gpuscale-status` with the whole last plan as YAML.
-//! In dry-run mode the same maps carry `dryRun: "true"` and the events say what *would* happen.
+//! In dry-run mode the maps are `gpuscale-dry-run-status…` (a dry-run replica can run next to the
+//! acting one), carry `dryRun: "true"`, and the events say what *would* happen.
 //!
 //! Publishing is best effort: failures are logged and counted (`gpuscale_errors_total{kind=
 //! "status"}`), never returned, so that a status problem never stops scaling.
@@ -34,6 +35,18 @@ use std::sync::{Arc, Mutex};
 pub const FIELD_MANAGER: &str = "gpuscale";
 /// Name of the cluster-wide status ConfigMap.
 pub const STATUS_CONFIGMAP: &str = "gpuscale-status";
+
+/// What a dry-run replica's maps are called instead of `gpuscale-status…`, so that it can run next
+/// to the acting controller without overwriting its status.
+pub const DRY_RUN_STATUS_CONFIGMAP: &str = "gpuscale-dry-run-status";
+
+/// `name` (a `gpuscale-status…` map) as a dry-run replica calls it.
+fn in_mode(name: &str, dry_run: bool) -> String {
+    match name.strip_prefix(STATUS_CONFIGMAP) {
+        Some(rest) if dry_run => format!("{DRY_RUN_STATUS_CONFIGMAP}{rest}"),
+        _ => name.to_string(),
+    }
+}
 
 /// Event reasons, as `kubectl get events` shows them.
 pub mod reason {
@@ -284,7 +297,7 @@ impl StatusPublisher {
 
     fn group_cm(&self, group: &str) -> String {
         let mem = self.memory();
-        group_configmap_name(group, mem.group_ids.iter().map(String::as_str))
+        in_mode(&group_configmap_name(group, mem.group_ids.iter().map(String::as_str)), self.is_dry_run())
     }
 
     /// Publishes a loop's plan: `NotTriggerScaleUp` on unschedulable pods, in dry-run mode the
@@ -343,7 +356,7 @@ impl StatusPublisher {
         let memory: BTreeMap<String, GroupMemory> = self.memory().groups.clone();
         let mut docs = Vec::with_capacity(groups.len());
         for g in groups {
-            let name = group_configmap_name(&g.id, ids.iter().copied());
+            let name = in_mode(&group_configmap_name(&g.id, ids.iter().copied()), dry_run);
             let mem = memory.get(&g.id).cloned().unwrap_or_default();
             let counts = snapshot.map(|s| node_counts(s, groups, g));
             let data = group_data(plan, g, &mem, counts, dry_run, now);
@@ -373,7 +386,7 @@ impl StatusPublisher {
         data.insert("summary".into(), plan.to_table());
         data.insert("dryRun".into(), dry_run.to_string());
         data.insert("lastUpdated".into(), now.to_string());
-        self.apply_configmap(STATUS_CONFIGMAP, data).await;
+        self.apply_configmap(&in_mode(STATUS_CONFIGMAP, dry_run), data).await;
     }
 
     async fn apply_configmap(&self, name: &str, data: BTreeMap<String, String>) {
@@ -741,5 +754,8 @@ mod tests {
         assert_eq!(group_configmap_name("aws/prod/gpu", ids), "gpuscale-status-aws-prod-gpu");
         assert_eq!(group_configmap_name("gcp/p/gpu", ids), "gpuscale-status-gcp-p-gpu");
         assert_eq!(group_configmap_name("///", ["///"]), "gpuscale-status-unnamed");
+        assert_eq!(in_mode("gpuscale-status-gpu-h100", true), "gpuscale-dry-run-status-gpu-h100");
+        assert_eq!(in_mode(STATUS_CONFIGMAP, true), DRY_RUN_STATUS_CONFIGMAP);
+        assert_eq!(in_mode(STATUS_CONFIGMAP, false), STATUS_CONFIGMAP);
     }
 }
