@@ -351,3 +351,26 @@ fn a_gang_with_a_minimum_scales_for_the_minimum_and_reports_the_rest() {
     assert_eq!(plan.unschedulable.len(), 1);
     assert!(plan.unschedulable[0].reason.contains("gang minimum placed"), "{:?}", plan.unschedulable);
 }
+
+/// Scale-down moves are of pods running on the node: a pending pod the plan first put on a node it
+/// then removes just lands elsewhere (listed as a placement, not as a move).
+#[test]
+fn scale_down_moves_only_running_pods() {
+    let loaded = gpuscale::k8s::load_snapshot(&data("examples/snapshots/mixed-gpu-cluster.json")).unwrap();
+    let providers = ProviderConfig::embedded_default().unwrap();
+    let snapshot = loaded.snapshot;
+    let running_on: std::collections::BTreeMap<&str, &str> = snapshot
+        .workloads
+        .iter()
+        .filter_map(|w| w.node_name.as_deref().map(|n| (w.id.as_str(), n)))
+        .collect();
+    let plan = plan(snapshot.clone(), providers.node_groups());
+    assert!(!plan.scale_downs.is_empty(), "{}", plan.to_table());
+    for down in &plan.scale_downs {
+        for (pod, _) in &down.moves {
+            assert_eq!(running_on.get(pod.as_str()), Some(&down.node.as_str()), "{}", plan.to_table());
+        }
+    }
+    let placed: Vec<&str> = plan.placements.iter().map(|p| p.pod.as_str()).collect();
+    assert!(placed.contains(&"research/kai-embed-batch-x7k2p"), "{}", plan.to_table());
+}

@@ -199,8 +199,10 @@ pub(crate) fn plan(
                     node: name,
                     group: groups[gi].id.clone(),
                     instance: node.provider_id.clone(),
+                    // Pending pods this plan had put on the node just go elsewhere: not moves.
                     moves: moved
                         .iter()
+                        .filter(|(wi, _)| workloads[*wi].node_name.is_some())
                         .map(|(wi, p)| (workloads[*wi].id.clone(), placer.nodes()[p.node].name.clone()))
                         .collect(),
                     reason: if moved.is_empty() && util == 0.0 {
