@@ -8,7 +8,9 @@ mod apiserver;
 mod harness;
 
 use apiserver::{Fault, Settings};
-use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT};
+use gpuscale::controller::drain::{
+    DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT, REPLACE_WITH,
+};
 use gpuscale::model::InstanceState;
 use gpuscale::planner::PlannerSettings;
 use gpuscale::providers::simulated::Operation;
@@ -502,4 +504,75 @@ async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
     replica.stop.send_replace(true);
     replica.task.await.unwrap().unwrap();
     driver.abort();
+}
+
+/// A 4-GPU group and a cheaper 1-GPU group.
+fn providers_two_sizes() -> String {
+    r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 1}
+      - {name: gpu-l4-small, instanceType: g6.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0}
+"#
+    .to_string()
+}
+
+fn raises_of(c: &Cluster, group: &str) -> Vec<(u32, u32)> {
+    c.cloud
+        .operations()
+        .into_iter()
+        .filter_map(|r| match r.op {
+            Operation::SetTargetSize { group: g, from, to, error: None }
+                if g.ends_with(group) && to > from =>
+            {
+                Some((from, to))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_replaced_by_a_cheaper_one_across_a_restart() {
+    let c = Cluster::start(&providers_two_sizes(), Settings::default()).await;
+    let old = c.register_all_ready().remove(0);
+    c.server.create(pod_json("ml", "web", 1, Some("ReplicaSet"), Some(&old)));
+    c.register.store(false, std::sync::atomic::Ordering::Relaxed);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let first = c.controller("a", fast_config(), PlannerSettings::default());
+    // The replacement is requested: marks on the node first, then the cheap group raised.
+    c.server
+        .wait_until(WAIT, "the old node marked for replacement", |s| {
+            s.get("nodes", "", &old).is_some_and(|n| n["metadata"]["annotations"].get(REPLACE_WITH).is_some())
+        })
+        .await;
+    c.server.wait_until(WAIT, "the cheap group raised", |_| !raises_of(&c, "gpu-l4-small").is_empty()).await;
+    // A crash while the replacement boots; the next leader must not raise the group again.
+    first.task.abort();
+    let second = c.controller("b", fast_config(), PlannerSettings::default());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.register.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Once the new node is Ready, the old one is drained; its ReplicaSet recreates the pod, which
+    // the scheduler puts on the new node; the old instance and Node go.
+    c.server.wait_until(WAIT, "web evicted", |s| s.get("pods", "ml", "web").is_none()).await;
+    c.server.create(pod_json("ml", "web-2", 1, Some("ReplicaSet"), None));
+    c.server.wait_until(WAIT, "the old node deleted", |s| s.get("nodes", "", &old).is_none()).await;
+    c.server
+        .wait_until(WAIT, "web-2 running on the new node", |s| {
+            s.get("pods", "ml", "web-2")
+                .is_some_and(|p| p["spec"]["nodeName"].as_str().is_some_and(|n| n != old))
+        })
+        .await;
+    assert_eq!(raises_of(&c, "gpu-l4-small"), vec![(0, 1)], "raised once, across the restart");
+    c.server.wait_until(WAIT, "the old group at 0", |_| c.group("gpu-l4").target_size == 0).await;
+    assert_eq!(c.group("gpu-l4-small").target_size, 1, "the replacement stays");
+    assert!(second.recorder.with_prefix("drain_started").iter().any(|l| l.contains(&old)));
+    second.stop.send_replace(true);
+    second.task.await.unwrap().unwrap();
+    driver.abort();
+    harness::assert_requests_allowed_by_rbac(&c.server);
 }

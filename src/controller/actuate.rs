@@ -4,7 +4,10 @@
 //! (HTTP PUT), retrying on 409 Conflict, so concurrent changes by the kubelet or an operator are
 //! never overwritten.
 
-use super::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED};
+use super::drain::{
+    DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED,
+    REPLACE_REQUESTED_AT, REPLACE_TARGET, REPLACE_WITH,
+};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, EvictParams, PostParams};
@@ -139,6 +142,45 @@ impl KubeActuator {
                 taints.retain(|t| t.key != DISRUPTING_TAINT);
             }
             true
+        })
+        .await
+    }
+
+    /// Records on a node that a cheaper node of `group` (whose target becomes `target`) is
+    /// requested to replace it. `Ok(false)` when the node is gone or already has a replacement.
+    pub async fn mark_replacing(
+        &self,
+        node: &str,
+        group: &str,
+        target: u32,
+        now: Timestamp,
+    ) -> Result<bool, ApiError> {
+        let written = std::sync::atomic::AtomicBool::new(false);
+        let exists = self
+            .update_node(node, "mark replacement of", |n| {
+                let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+                if ann.contains_key(REPLACE_WITH) {
+                    return false;
+                }
+                ann.insert(REPLACE_WITH.into(), group.to_string());
+                ann.insert(REPLACE_TARGET.into(), target.to_string());
+                ann.insert(REPLACE_REQUESTED_AT.into(), now.to_string());
+                written.store(true, std::sync::atomic::Ordering::Relaxed);
+                true
+            })
+            .await?;
+        Ok(exists && written.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Forgets a replacement that did not come (the node stays).
+    pub async fn clear_replacing(&self, node: &str) -> Result<bool, ApiError> {
+        self.update_node(node, "clear replacement of", |n| {
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            let had = ann.contains_key(REPLACE_WITH);
+            for k in [REPLACE_WITH, REPLACE_TARGET, REPLACE_REQUESTED_AT] {
+                ann.remove(k);
+            }
+            had
         })
         .await
     }

@@ -27,6 +27,34 @@ pub const DRAIN_EVICTED: &str = "gpuscale.io/drain-evicted";
 /// Annotation: `"true"` when the node was already cordoned before the drain.
 pub const DRAIN_WAS_CORDONED: &str = "gpuscale.io/drain-was-cordoned";
 
+/// Annotation: id of the group a cheaper node is requested from to replace this node.
+pub const REPLACE_WITH: &str = "gpuscale.io/replace-with";
+/// Annotation: the replacement group's target size that holds the requested node.
+pub const REPLACE_TARGET: &str = "gpuscale.io/replace-target";
+/// Annotation: RFC 3339 time the replacement was requested.
+pub const REPLACE_REQUESTED_AT: &str = "gpuscale.io/replace-requested-at";
+
+/// A consolidation replacement in progress, as recorded on the node to be replaced (written before
+/// the replacement group is raised, so a new leader neither raises it twice nor forgets it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplaceMarks {
+    /// Group the replacement comes from.
+    pub group: String,
+    /// That group's target size including the replacement.
+    pub target: u32,
+    /// When it was requested.
+    pub requested_at: Timestamp,
+}
+
+/// Reads the replacement marks of a node; `None` when none (or garbled) are there.
+pub fn replace_marks_of(annotations: &BTreeMap<String, String>) -> Option<ReplaceMarks> {
+    Some(ReplaceMarks {
+        group: annotations.get(REPLACE_WITH)?.clone(),
+        target: annotations.get(REPLACE_TARGET)?.parse().ok()?,
+        requested_at: annotations.get(REPLACE_REQUESTED_AT)?.parse().ok()?,
+    })
+}
+
 /// The drain marks found on a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DrainMarks {
@@ -251,6 +279,19 @@ mod tests {
 
     fn cfg() -> ControllerConfig {
         ControllerConfig::default()
+    }
+
+    #[test]
+    fn replace_marks_need_all_three_annotations() {
+        let mut a = BTreeMap::new();
+        a.insert(REPLACE_WITH.to_string(), "sim/gpu-l4-small".to_string());
+        a.insert(REPLACE_TARGET.to_string(), "3".to_string());
+        assert_eq!(replace_marks_of(&a), None);
+        a.insert(REPLACE_REQUESTED_AT.to_string(), t(2).to_string());
+        let want = ReplaceMarks { group: "sim/gpu-l4-small".into(), target: 3, requested_at: t(2) };
+        assert_eq!(replace_marks_of(&a), Some(want));
+        a.insert(REPLACE_TARGET.to_string(), "three".to_string());
+        assert_eq!(replace_marks_of(&a), None, "garbled: no replacement");
     }
 
     #[test]

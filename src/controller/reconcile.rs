@@ -18,10 +18,11 @@ use super::readiness::{self, Readiness};
 use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
-use crate::model::{ErrorClass, NodeGroup, NodeState};
+use crate::model::{ErrorClass, NodeGroup, NodeState, OwnerKind, Workload};
 use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{scale_up_gang, GangOutcome, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
+use crate::scheduler::fit;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -394,6 +395,8 @@ impl Controller {
             return Ok(busy);
         }
         self.scale_up(&plan, &view, state).await;
+        self.replace(&plan, &mut view, &groups, state, lead, now).await?;
+        busy |= !view.replacing.is_empty();
         busy |= self.drain(&plan, &mut view, &groups, state, lead, now).await?;
         Ok(busy)
     }
@@ -480,6 +483,92 @@ impl Controller {
         }
     }
 
+    /// Consolidation: a node the plan replaces by a cheaper one, replaceable for the unneeded time,
+    /// gets its replacement requested (marks on the node first, then the group raised, so a new
+    /// leader neither raises twice nor forgets it); once a Ready node of that group holds its pods,
+    /// the node is drained like any other. A replacement that is not Ready within the
+    /// registration timeout is given up and the node stays.
+    async fn replace(
+        &self,
+        plan: &Plan,
+        view: &mut ClusterView,
+        groups: &[NodeGroup],
+        state: &LoopState,
+        lead: &watch::Receiver<bool>,
+        now: Timestamp,
+    ) -> Result<(), ControllerError> {
+        let cfg = &self.options.config;
+        // Replacements in progress.
+        let in_progress: Vec<(String, drain::ReplaceMarks)> =
+            view.replacing.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
+        for (node, marks) in in_progress {
+            if view.drains.contains_key(&node) || !Self::leading(lead) {
+                continue;
+            }
+            let Some(gi) = groups.iter().position(|g| g.id == marks.group) else {
+                self.actuator.clear_replacing(&node).await?;
+                view.replacing.remove(&node);
+                continue;
+            };
+            if let Some(to) = replacement_node(&node, gi, view, groups) {
+                let reason = format!("replaced by the cheaper node {to} of group {}", marks.group);
+                if self.actuator.start_drain(&node, &reason, now).await? {
+                    self.observer.drain_started(&node, &reason);
+                    let marks =
+                        drain::DrainMarks { started_at: now, reason, evicted: false, was_cordoned: false };
+                    view.drains.insert(node.clone(), marks);
+                }
+            } else if now.duration_since(marks.requested_at).unsigned_abs()
+                > secs(cfg.registration_timeout_seconds)
+            {
+                tracing::info!(%node, group = %marks.group, "the replacement did not become Ready in time; keeping the node");
+                self.actuator.clear_replacing(&node).await?;
+                view.replacing.remove(&node);
+            } else if groups[gi].target_size < marks.target {
+                // Marked but not raised (a restart in between): raise now.
+                if let Some(provider) = self.providers.provider_of(&marks.group) {
+                    if let Err(e) = provider.set_target_size(&marks.group, marks.target).await {
+                        self.observer.scale_up_failed(&marks.group, &e.to_string());
+                    }
+                }
+            }
+        }
+        // New requests, for nodes replaceable since at least the unneeded time.
+        for r in &plan.replacements {
+            if view.replacing.contains_key(&r.node) || view.drains.contains_key(&r.node) {
+                continue;
+            }
+            let due = state.unneeded_since.get(&r.node).is_some_and(|since| {
+                now.duration_since(*since).unsigned_abs() >= secs(cfg.scale_down_unneeded_seconds)
+            });
+            let Some(g) = groups.iter().find(|g| g.id == r.replacement_group) else { continue };
+            let Some(provider) = self.providers.provider_of(&g.id) else { continue };
+            if !due || !Self::leading(lead) {
+                continue;
+            }
+            // Above the group's target and any replacement already requested from it.
+            let reserved = view.replacing.values().filter(|m| m.group == g.id).map(|m| m.target).max();
+            let target = reserved.unwrap_or(0).max(g.target_size) + 1;
+            if !self.actuator.mark_replacing(&r.node, &g.id, target, now).await? {
+                continue;
+            }
+            let marks = drain::ReplaceMarks { group: g.id.clone(), target, requested_at: now };
+            view.replacing.insert(r.node.clone(), marks);
+            match provider.set_target_size(&g.id, target).await {
+                Ok(()) => {
+                    tracing::info!(node = %r.node, group = %g.id, target, "replacement requested");
+                    self.observer.scaled_up(&g.id, target - 1, target, &r.pods);
+                }
+                Err(e) => {
+                    self.observer.scale_up_failed(&g.id, &e.to_string());
+                    self.actuator.clear_replacing(&r.node).await?;
+                    view.replacing.remove(&r.node);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Starts drains of nodes unneeded long enough and advances all drains. Returns whether any
     /// drain is in progress.
     async fn drain(
@@ -494,13 +583,29 @@ impl Controller {
         let cfg = &self.options.config;
         let candidates: BTreeMap<&str, &str> =
             plan.scale_downs.iter().map(|s| (s.node.as_str(), s.reason.as_str())).collect();
-        state.unneeded_since.retain(|n, _| candidates.contains_key(n.as_str()));
-        for node in candidates.keys() {
+        // Replaceable nodes are timed too (`replace` requests their replacements).
+        let timed: BTreeSet<&str> =
+            candidates.keys().copied().chain(plan.replacements.iter().map(|r| r.node.as_str())).collect();
+        state.unneeded_since.retain(|n, _| timed.contains(n.as_str()));
+        for node in &timed {
             state.unneeded_since.entry(node.to_string()).or_insert(now);
         }
+        // Groups whose new nodes are replacements on their way in: not drained meanwhile.
+        let reserved: BTreeSet<&str> = view.replacing.values().map(|m| m.group.as_str()).collect();
+        let group_name = |node: &str| {
+            view.snapshot
+                .nodes
+                .iter()
+                .find(|n| n.name == node)
+                .and_then(|n| group_of(n, groups))
+                .map(|g| groups[g].id.as_str())
+        };
         // New drains.
         for (node, reason) in &candidates {
             if view.drains.contains_key(*node) {
+                continue;
+            }
+            if group_name(node).is_some_and(|g| reserved.contains(g)) && !view.replacing.contains_key(*node) {
                 continue;
             }
             let since = state.unneeded_since[*node];
@@ -531,7 +636,8 @@ impl Controller {
                 return Ok(true);
             }
             let pods = view.pods_by_node.get(&node).cloned().unwrap_or_default();
-            let step = drain::step(&marks, candidates.contains_key(node.as_str()), &pods, cfg, now);
+            let wanted = candidates.contains_key(node.as_str()) || view.replacing.contains_key(&node);
+            let step = drain::step(&marks, wanted, &pods, cfg, now);
             for (pod, reason) in &step.blocked {
                 self.observer.eviction_blocked(pod, &node, reason);
             }
@@ -593,4 +699,35 @@ impl Controller {
         self.observer.node_deleted(node, &group.id);
         Ok(())
     }
+}
+
+/// A Ready, schedulable node of group `gi` (not being drained) with room for the pods of `node`
+/// that would move (all but DaemonSet and static pods).
+fn replacement_node(node: &str, gi: usize, view: &ClusterView, groups: &[NodeGroup]) -> Option<String> {
+    fn on<'a>(view: &'a ClusterView, name: &'a str) -> impl Iterator<Item = &'a Workload> {
+        view.snapshot.workloads.iter().filter(move |w| w.node_name.as_deref() == Some(name))
+    }
+    let moving: Vec<_> =
+        on(view, node).filter(|w| !matches!(w.owner, OwnerKind::DaemonSet | OwnerKind::Node)).collect();
+    view.snapshot
+        .nodes
+        .iter()
+        .filter(|n| n.name != node && n.state == NodeState::Ready && !n.unschedulable)
+        .filter(|n| group_of(n, groups) == Some(gi) && !view.drains.contains_key(&n.name))
+        .find(|n| {
+            let mut sim = (*n).clone();
+            for w in on(view, &n.name) {
+                if let Some(d) = &w.devices {
+                    sim.allocate(&w.requests, d);
+                }
+            }
+            moving.iter().all(|w| {
+                let Some(d) = fit::candidates(&sim, w).ok().and_then(|c| c.into_iter().next()) else {
+                    return false;
+                };
+                sim.allocate(&w.requests, &d);
+                true
+            })
+        })
+        .map(|n| n.name.clone())
 }

@@ -7,7 +7,7 @@
 //! are marked not evictable so the planner does not pick their nodes.
 
 use super::config::ControllerConfig;
-use super::drain::{self, Deletion, DrainMarks, PodFacts, DISRUPTING_TAINT};
+use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks, DISRUPTING_TAINT};
 use crate::k8s::{self, SnapshotError, SourcedObject};
 use crate::model::{ClusterSnapshot, GpuDemand};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -29,6 +29,8 @@ pub struct ClusterView {
     pub warnings: Vec<String>,
     /// Nodes being drained, with their marks.
     pub drains: BTreeMap<String, DrainMarks>,
+    /// Consolidation replacements in progress, by the name of the node being replaced.
+    pub replacing: BTreeMap<String, ReplaceMarks>,
     /// What drains need about each pod, by node name.
     pub pods_by_node: BTreeMap<String, Vec<PodFacts>>,
 }
@@ -84,6 +86,9 @@ pub fn build(
         let mut value = to_value("Node", "v1", n);
         let annotations = n.metadata.annotations.clone().unwrap_or_default();
         let taints = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        if let Some(marks) = drain::replace_marks_of(&annotations) {
+            view.replacing.insert(n.metadata.name.clone().unwrap_or_default(), marks);
+        }
         if let Some(marks) = drain::marks_of(&annotations, taints.iter().map(|t| t.key.as_str()), now) {
             if !marks.evicted {
                 // Show the node as it was before the drain: the plan decides whether it stays a
