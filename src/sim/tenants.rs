@@ -232,11 +232,8 @@ fn replay(
     let mut pending: Vec<usize> = Vec::new();
     let mut running: Vec<usize> = Vec::new();
     let mut used = vec![0u64; n_t]; // GPU milli running per tenant
-    let mut gpu_ms = vec![0f64; n_t]; // milli-GPU-seconds
-    let mut contended_ms = vec![0f64; n_t];
-    let mut fair_ms = vec![0f64; n_t];
+    let mut clock = ShareClock::new(cluster_milli, tenants.tenants.iter().map(|t| t.weight).collect());
     let mut waiting = vec![0u64; n_t]; // GPU milli pending per tenant
-    let weights: Vec<f64> = tenants.tenants.iter().map(|t| t.weight).collect();
     let mut dirty = true; // capacity or quota freed since the last pass
     let mut preempted = vec![0usize; n_t];
     let mut preemptions = 0usize;
@@ -248,19 +245,7 @@ fn replay(
         if t > end {
             break;
         }
-        let dt = (t - last) as f64;
-        let contended = !pending.is_empty();
-        account(
-            dt,
-            contended,
-            cluster_milli,
-            &used,
-            &waiting,
-            &weights,
-            &mut gpu_ms,
-            &mut contended_ms,
-            &mut fair_ms,
-        );
+        clock.advance((t - last) as f64, !pending.is_empty(), &used, &waiting);
         last = t;
         let mut arrived: Vec<usize> = Vec::new();
         while let Some(Reverse((te, ev))) = events.peek().copied() {
@@ -406,19 +391,8 @@ fn replay(
     }
     let horizon = (end.max(last) - start) as f64;
     // Pods still running at the end keep counting until the end.
-    let dt = end.saturating_sub(last) as f64;
-    let contended = !pending.is_empty();
-    account(
-        dt,
-        contended,
-        cluster_milli,
-        &used,
-        &waiting,
-        &weights,
-        &mut gpu_ms,
-        &mut contended_ms,
-        &mut fair_ms,
-    );
+    clock.advance(end.saturating_sub(last) as f64, !pending.is_empty(), &used, &waiting);
+    let ShareClock { gpu_ms, contended_ms, fair_ms, .. } = clock;
 
     let wait = |i: usize| state[i].started.unwrap_or(end).saturating_sub(pods[i].arrival) as f64;
     let total_gpu: f64 = gpu_ms.iter().sum::<f64>().max(1e-9);
@@ -478,31 +452,45 @@ const MAX_PREEMPTION_ATTEMPTS: usize = 8;
 /// Integrates GPU time over an interval of `dt` seconds: used, used while pods waited, and the
 /// weighted max-min fair allocation in those periods.
 #[allow(clippy::too_many_arguments)]
-fn account(
-    dt: f64,
-    contended: bool,
+/// Per-tenant GPU time (milli-GPU-seconds): all of it, the part while pods waited, and the
+/// weighted max-min fair share of the cluster over that contended time.
+struct ShareClock {
     cluster_milli: u64,
-    used: &[u64],
-    waiting: &[u64],
-    weights: &[f64],
-    gpu_ms: &mut [f64],
-    contended_ms: &mut [f64],
-    fair_ms: &mut [f64],
-) {
-    if dt <= 0.0 {
-        return;
+    weights: Vec<f64>,
+    gpu_ms: Vec<f64>,
+    contended_ms: Vec<f64>,
+    fair_ms: Vec<f64>,
+}
+
+impl ShareClock {
+    fn new(cluster_milli: u64, weights: Vec<f64>) -> Self {
+        let n = weights.len();
+        Self {
+            cluster_milli,
+            weights,
+            gpu_ms: vec![0.0; n],
+            contended_ms: vec![0.0; n],
+            fair_ms: vec![0.0; n],
+        }
     }
-    for k in 0..used.len() {
-        gpu_ms[k] += used[k] as f64 * dt;
-    }
-    if !contended {
-        return;
-    }
-    let demand: Vec<f64> = used.iter().zip(waiting).map(|(u, w)| (u + w) as f64).collect();
-    let fair = fair_share::max_min_fair(cluster_milli as f64, &demand, weights);
-    for k in 0..used.len() {
-        contended_ms[k] += used[k] as f64 * dt;
-        fair_ms[k] += fair[k] * dt;
+
+    /// Counts `dt` seconds at the tenants' `used` and `waiting` GPU milli.
+    fn advance(&mut self, dt: f64, contended: bool, used: &[u64], waiting: &[u64]) {
+        if dt <= 0.0 {
+            return;
+        }
+        for (total, &u) in self.gpu_ms.iter_mut().zip(used) {
+            *total += u as f64 * dt;
+        }
+        if !contended {
+            return;
+        }
+        let demand: Vec<f64> = used.iter().zip(waiting).map(|(u, w)| (u + w) as f64).collect();
+        let fair = fair_share::max_min_fair(self.cluster_milli as f64, &demand, &self.weights);
+        for (k, &u) in used.iter().enumerate() {
+            self.contended_ms[k] += u as f64 * dt;
+            self.fair_ms[k] += fair[k] * dt;
+        }
     }
 }
 
