@@ -715,19 +715,13 @@ fn replacement_node(node: &str, gi: usize, view: &ClusterView, groups: &[NodeGro
         .filter(|n| n.name != node && n.state == NodeState::Ready && !n.unschedulable)
         .filter(|n| group_of(n, groups) == Some(gi) && !view.drains.contains_key(&n.name))
         .find(|n| {
-            let mut sim = (*n).clone();
+            let mut with_its_pods = (*n).clone();
             for w in on(view, &n.name) {
                 if let Some(d) = &w.devices {
-                    sim.allocate(&w.requests, d);
+                    with_its_pods.allocate(&w.requests, d);
                 }
             }
-            moving.iter().all(|w| {
-                let Some(d) = fit::candidates(&sim, w).ok().and_then(|c| c.into_iter().next()) else {
-                    return false;
-                };
-                sim.allocate(&w.requests, &d);
-                true
-            })
+            fit::holds_all(&with_its_pods, moving.iter().copied())
         })
         .map(|n| n.name.clone())
 }

@@ -64,6 +64,19 @@ pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
     Ok(())
 }
 
+/// Whether `pods` all fit on `node` together, each taking its first device choice (a quick check
+/// that a node can take over another's pods, not a scored placement).
+pub fn holds_all<'a>(node: &Node, pods: impl IntoIterator<Item = &'a Workload>) -> bool {
+    let mut sim = node.clone();
+    pods.into_iter().all(|w| match candidates(&sim, w).ok().and_then(|c| c.into_iter().next()) {
+        Some(d) => {
+            sim.allocate(&w.requests, &d);
+            true
+        }
+        None => false,
+    })
+}
+
 /// The device choices worth scoring for a workload on a node: one per distinguishable option
 /// (GPUs in the same state are interchangeable, so only one of them is offered). Empty `Ok`
 /// never happens: a node without a choice is an `Err`.

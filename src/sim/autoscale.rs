@@ -916,16 +916,12 @@ impl<'a> Sim<'a> {
             }
             let pods: Vec<usize> = self.nodes[&old].pods.iter().copied().collect();
             // A Ready node of the replacement group that holds all the pods.
-            let target =
-                self.nodes.iter().filter(|(k, n)| n.group == group && **k != old).find_map(|(k, n)| {
-                    let mut sim = n.live.clone();
-                    for &i in &pods {
-                        let w = &self.jobs.jobs[i].workload;
-                        let d = fit::candidates(&sim, w).ok()?.into_iter().next()?;
-                        sim.allocate(&w.requests, &d);
-                    }
-                    Some(k.clone())
-                });
+            let target = self
+                .nodes
+                .iter()
+                .filter(|(k, n)| n.group == group && **k != old)
+                .find(|(_, n)| fit::holds_all(&n.live, pods.iter().map(|&i| &self.jobs.jobs[i].workload)))
+                .map(|(k, _)| k.clone());
             if let Some(to) = target {
                 let moves: Vec<(usize, String)> = pods.iter().map(|&i| (i, to.clone())).collect();
                 self.replacing.remove(&old);
