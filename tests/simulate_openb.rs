@@ -79,6 +79,13 @@ fn check_workload(workload: &str) {
         published("BestFit")
     );
     assert!(ours > fgd, "{workload}: gpuscale {ours:.2} does not beat FGD {fgd:.2}");
+    // Regression guard below the weakest workload's figure (gpushare80: 9%), the README's table.
+    let removed = (ours - fgd) / (100.0 - fgd);
+    assert!(
+        removed >= 0.07,
+        "{workload}: gpuscale removes only {:.1}% of FGD's unallocated GPUs",
+        removed * 100.0
+    );
 }
 
 #[test]
