@@ -557,7 +557,7 @@ impl Controller {
             match provider.set_target_size(&g.id, target).await {
                 Ok(()) => {
                     tracing::info!(node = %r.node, group = %g.id, target, "replacement requested");
-                    self.observer.scaled_up(&g.id, target - 1, target, &r.pods);
+                    self.observer.scaled_up(&g.id, g.target_size, target, &r.pods);
                 }
                 Err(e) => {
                     self.observer.scale_up_failed(&g.id, &e.to_string());
