@@ -568,6 +568,12 @@ async fn a_node_is_replaced_by_a_cheaper_one_across_a_restart() {
         })
         .await;
     assert_eq!(raises_of(&c, "gpu-l4-small"), vec![(0, 1)], "raised once, across the restart");
+    // Reported as a replacement of the node, not as a scale-up triggered by its (running) pod.
+    let reported = first.recorder.with_prefix("replacement_requested");
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert!(reported[0].starts_with(&format!("replacement_requested: {old} ")), "{reported:?}");
+    assert!(reported[0].ends_with("gpu-l4-small 0->1"), "{reported:?}");
+    assert!(first.recorder.with_prefix("scaled_up").is_empty(), "{:?}", first.recorder.with_prefix(""));
     c.server.wait_until(WAIT, "the old group at 0", |_| c.group("gpu-l4").target_size == 0).await;
     assert_eq!(c.group("gpu-l4-small").target_size, 1, "the replacement stays");
     assert!(second.recorder.with_prefix("drain_started").iter().any(|l| l.contains(&old)));

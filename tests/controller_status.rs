@@ -276,6 +276,30 @@ async fn dry_run_says_would_and_marks_the_configmaps() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_is_announced_on_the_node_not_on_its_pods() {
+    let server = cluster().await;
+    let status = StatusPublisher::new(server.client(), NS, "gpuscale-0");
+    status.begin_loop();
+    status.replacement_requested("gpu-1", H100, 1, 2).await;
+    status.publish_plan(&Plan::default(), &[group(H100, 2)], false).await;
+
+    let ev = one_event(&server, "default", "gpu-1", "ScaleDown");
+    assert_eq!(ev["regarding"]["kind"], "Node");
+    assert_eq!(ev["action"], "Replace");
+    assert_eq!(
+        ev["note"],
+        format!(
+            "requested a node of group {H100} (1->2) to replace this node; it is drained once the new \
+             node holds its pods"
+        )
+    );
+    assert!(server.list("events.k8s.io", Some("ml")).is_empty(), "its running pods get no scale-up event");
+    let h100 = data(&server, "gpuscale-status-gpu-h100");
+    assert_eq!(text(&h100, "lastScaleUpReason"), "1->2 to replace node gpu-1");
+    assert_all_allowed(&server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_down_failures_backoff_and_api_errors() {
     let server = cluster().await;
     let metrics = Arc::new(Metrics::new());

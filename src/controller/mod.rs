@@ -57,6 +57,9 @@ mod observer {
         fn plan_computed(&self, plan: &Plan, snapshot: &ClusterSnapshot, dry_run: bool, elapsed: Duration);
         /// A group's target was raised for `pods`.
         fn scaled_up(&self, group: &str, from: u32, to: u32, pods: &[String]);
+        /// A group's target was raised for a node that replaces `node` (consolidation); `node`
+        /// is drained once the new node holds its pods.
+        fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32);
         /// Raising a group failed.
         fn scale_up_failed(&self, group: &str, error: &str);
         /// A node's drain started.
@@ -82,6 +85,7 @@ mod observer {
     impl Observer for NoopObserver {
         fn plan_computed(&self, _: &Plan, _: &ClusterSnapshot, _: bool, _: Duration) {}
         fn scaled_up(&self, _: &str, _: u32, _: u32, _: &[String]) {}
+        fn replacement_requested(&self, _: &str, _: &str, _: u32, _: u32) {}
         fn scale_up_failed(&self, _: &str, _: &str) {}
         fn drain_started(&self, _: &str, _: &str) {}
         fn node_deleted(&self, _: &str, _: &str) {}
@@ -113,6 +117,9 @@ mod observer {
         }
         fn scaled_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
             tracing::info!(group, from, to, pods = pods.len(), "scaled up");
+        }
+        fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
+            tracing::info!(node, group, from, to, "replacement requested");
         }
         fn scale_up_failed(&self, group: &str, error: &str) {
             tracing::warn!(group, error, "scale-up failed");
@@ -149,6 +156,9 @@ impl Observer for Observers {
     }
     fn scaled_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
         self.0.iter().for_each(|o| o.scaled_up(group, from, to, pods));
+    }
+    fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
+        self.0.iter().for_each(|o| o.replacement_requested(node, group, from, to));
     }
     fn scale_up_failed(&self, group: &str, error: &str) {
         self.0.iter().for_each(|o| o.scale_up_failed(group, error));

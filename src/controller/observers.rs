@@ -20,6 +20,9 @@ impl Observer for MetricsObserver {
     fn scaled_up(&self, group: &str, from: u32, to: u32, _pods: &[String]) {
         self.0.scaled_up(group, to.saturating_sub(from));
     }
+    fn replacement_requested(&self, _node: &str, group: &str, from: u32, to: u32) {
+        self.0.scaled_up(group, to.saturating_sub(from));
+    }
     fn scale_up_failed(&self, _group: &str, _error: &str) {
         self.0.error("scale_up");
     }
@@ -47,6 +50,7 @@ impl Observer for HealthObserver {
         self.0.loop_completed(Instant::now());
     }
     fn scaled_up(&self, _: &str, _: u32, _: u32, _: &[String]) {}
+    fn replacement_requested(&self, _: &str, _: &str, _: u32, _: u32) {}
     fn scale_up_failed(&self, _: &str, _: &str) {}
     fn drain_started(&self, _: &str, _: &str) {}
     fn node_deleted(&self, _: &str, _: &str) {}
@@ -82,6 +86,9 @@ impl Observer for StatusObserver {
     }
     fn scaled_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
         self.handle.scale_up(group, from, to, pods);
+    }
+    fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
+        self.handle.replacement_requested(node, group, from, to);
     }
     fn scale_up_failed(&self, group: &str, error: &str) {
         self.handle.scale_up_failed(group, error);

@@ -556,8 +556,7 @@ impl Controller {
             view.replacing.insert(r.node.clone(), marks);
             match provider.set_target_size(&g.id, target).await {
                 Ok(()) => {
-                    tracing::info!(node = %r.node, group = %g.id, target, "replacement requested");
-                    self.observer.scaled_up(&g.id, g.target_size, target, &r.pods);
+                    self.observer.replacement_requested(&r.node, &g.id, g.target_size, target);
                 }
                 Err(e) => {
                     self.observer.scale_up_failed(&g.id, &e.to_string());

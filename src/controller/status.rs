@@ -3,8 +3,8 @@
 //!
 //! Events use `events.k8s.io/v1` through kube-rs' [`Recorder`], reported by controller
 //! `gpuscale` with the pod name as instance: `TriggeredScaleUp` and `NotTriggerScaleUp` on pending
-//! pods, `ScaleDown` on drained nodes and evicted pods, `ScaleUpFailed`/`ScaleDownFailed` warnings.
-//! The same (object, reason) is published once per loop ([`StatusPublisher::begin_loop`]); across
+//! pods, `ScaleDown` on drained nodes, evicted pods and nodes being replaced (action `Replace`),
+//! `ScaleUpFailed`/`ScaleDownFailed` warnings. The same (object, reason) is published once per loop ([`StatusPublisher::begin_loop`]); across
 //! loops the recorder turns repeats into an event series.
 //!
 //! ConfigMaps, server-side applied with field manager `gpuscale` in the controller's namespace:
@@ -435,6 +435,19 @@ impl StatusPublisher {
         self.announce_scale_up(group, from, to, pods).await;
     }
 
+    /// Reports that `group` was raised for a node that replaces `node`: `ScaleDown` (action
+    /// `Replace`) on the node, and the group's last scale-up. The node's pods are not told of a
+    /// scale-up: they are running.
+    pub async fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
+        self.memory().groups.entry(group.into()).or_default().last_scale_up =
+            Some((Timestamp::now(), format!("{from}->{to} to replace node {node}")));
+        let note = format!(
+            "requested a node of group {group} ({from}->{to}) to replace this node; it is drained once \
+             the new node holds its pods"
+        );
+        self.node_event(node, EventType::Normal, reason::SCALE_DOWN, "Replace", note).await;
+    }
+
     /// Reports a scale-up of `group` the cloud refused: a `ScaleUpFailed` warning on the group's
     /// status ConfigMap, and the group's last failure.
     pub async fn scale_up_failed(&self, group: &str, error: &str) {
@@ -498,6 +511,7 @@ enum Msg {
     BeginLoop,
     Plan { plan: Box<Plan>, groups: Vec<NodeGroup>, snapshot: Option<Box<ClusterSnapshot>>, dry_run: bool },
     ScaleUp { group: String, from: u32, to: u32, pods: Vec<String> },
+    ReplacementRequested { node: String, group: String, from: u32, to: u32 },
     ScaleUpFailed { group: String, error: String },
     Backoff { group: String, backoff: Option<(Timestamp, String)> },
     DrainStarted { node: String, why: String },
@@ -535,6 +549,9 @@ impl StatusPublisher {
                         self.publish(&plan, &groups, snapshot.as_deref(), dry_run).await
                     }
                     Msg::ScaleUp { group, from, to, pods } => self.scale_up(&group, from, to, &pods).await,
+                    Msg::ReplacementRequested { node, group, from, to } => {
+                        self.replacement_requested(&node, &group, from, to).await
+                    }
                     Msg::ScaleUpFailed { group, error } => self.scale_up_failed(&group, &error).await,
                     Msg::Backoff { group, backoff } => self.set_backoff(&group, backoff),
                     Msg::DrainStarted { node, why } => self.drain_started(&node, &why).await,
@@ -603,6 +620,11 @@ impl StatusHandle {
     /// See [`StatusPublisher::set_backoff`].
     pub fn set_backoff(&self, group: &str, backoff: Option<(Timestamp, String)>) {
         self.send(Msg::Backoff { group: group.into(), backoff });
+    }
+
+    /// See [`StatusPublisher::replacement_requested`].
+    pub fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
+        self.send(Msg::ReplacementRequested { node: node.into(), group: group.into(), from, to });
     }
 
     /// See [`StatusPublisher::drain_started`].

@@ -398,6 +398,9 @@ impl Observer for Recorder {
     fn scaled_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
         self.push(format!("scaled_up: {group} {from}->{to} {}", pods.join(",")));
     }
+    fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
+        self.push(format!("replacement_requested: {node} {group} {from}->{to}"));
+    }
     fn scale_up_failed(&self, group: &str, error: &str) {
         self.push(format!("scale_up_failed: {group} {error}"));
     }
