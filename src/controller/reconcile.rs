@@ -1,6 +1,6 @@
 //! The controller loop: reflectors, batching, leader gating, plan, actuate.
 //!
-//! One pass ([`Controller::reconcile_once`]): refresh the node groups from the clouds, build the
+//! One pass (`Controller::reconcile_once`): refresh the node groups from the clouds, build the
 //! snapshot from the reflector stores, remove instances whose nodes never came (and back their
 //! groups off), plan, report the plan, and — when leading and not in dry-run — raise group
 //! targets (atomically for gangs), start drains of nodes that have been unneeded long enough and

@@ -3,9 +3,9 @@
 //! Pure: it reads a snapshot and returns a [`Plan`]; actuation is someone else's job. The steps
 //! follow how a cluster operator reasons:
 //! 1. Which pending pods fit the nodes that exist or are on their way ([`cluster`]).
-//! 2. The cheapest node-group growth for the rest, gangs all-or-nothing ([`scale_up`]).
+//! 2. The cheapest node-group growth for the rest, gangs all-or-nothing (module `scale_up`).
 //! 3. Which under-used nodes can go because their pods fit elsewhere, and which expensive nodes a
-//!    cheaper one can replace ([`scale_down`]).
+//!    cheaper one can replace (module `scale_down`).
 
 pub mod cluster;
 mod idle;

@@ -64,7 +64,7 @@ impl Fragmentation {
 
     /// Multi-step variant: the free room of a usable GPU is not all useful, since the tasks
     /// that will fill it leave a residue. Each GPU counts the expected free milli left at the
-    /// end: its room is taken by the task that leaves the least among the next [`FILL_CHANCES`]
+    /// end: its room is taken by the task that leaves the least among the next `FILL_CHANCES` (50)
     /// tasks drawn from the workload, and stays free if none fits; what that task leaves is
     /// judged the same way.
     pub fn eventual(target: TargetWorkload) -> Self {
