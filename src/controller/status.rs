@@ -4,8 +4,9 @@
 //! Events use `events.k8s.io/v1` through kube-rs' [`Recorder`], reported by controller
 //! `gpuscale` with the pod name as instance: `TriggeredScaleUp` and `NotTriggerScaleUp` on pending
 //! pods, `ScaleDown` on drained nodes, evicted pods and nodes being replaced (action `Replace`),
-//! `ScaleUpFailed`/`ScaleDownFailed` warnings. The same (object, reason) is published once per loop ([`StatusPublisher::begin_loop`]); across
-//! loops the recorder turns repeats into an event series.
+//! `ScaleUpFailed`/`ScaleDownFailed` warnings. The same (object, reason) is published once per
+//! loop ([`StatusPublisher::begin_loop`]); across loops the recorder turns repeats into an event
+//! series.
 //!
 //! ConfigMaps, server-side applied with field manager `gpuscale` in the controller's namespace:
 //! `gpuscale-status-<group>` per node group (sizes, node counts, last scale-up/-down, backoff,
@@ -427,20 +428,23 @@ impl StatusPublisher {
     /// Reports a scale-up of `group` from `from` to `to` nodes that the cloud accepted, for
     /// `pods`: `TriggeredScaleUp` on each pod, and the group's last scale-up.
     pub async fn scale_up(&self, group: &str, from: u32, to: u32, pods: &[String]) {
+        self.record_scale_up(group, format!("{from}->{to} for {} pending pod(s)", pods.len()));
+        self.announce_scale_up(group, from, to, pods).await;
+    }
+
+    /// The group's last scale-up, shown in its status ConfigMap; nothing is raised in dry runs.
+    fn record_scale_up(&self, group: &str, why: String) {
         if !self.is_dry_run() {
-            let why = format!("{from}->{to} for {} pending pod(s)", pods.len());
             self.memory().groups.entry(group.into()).or_default().last_scale_up =
                 Some((Timestamp::now(), why));
         }
-        self.announce_scale_up(group, from, to, pods).await;
     }
 
     /// Reports that `group` was raised for a node that replaces `node`: `ScaleDown` (action
     /// `Replace`) on the node, and the group's last scale-up. The node's pods are not told of a
     /// scale-up: they are running.
     pub async fn replacement_requested(&self, node: &str, group: &str, from: u32, to: u32) {
-        self.memory().groups.entry(group.into()).or_default().last_scale_up =
-            Some((Timestamp::now(), format!("{from}->{to} to replace node {node}")));
+        self.record_scale_up(group, format!("{from}->{to} to replace node {node}"));
         let note = format!(
             "requested a node of group {group} ({from}->{to}) to replace this node; it is drained once \
              the new node holds its pods"

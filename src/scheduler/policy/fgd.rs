@@ -99,14 +99,17 @@ impl Fragmentation {
                 .collect();
             fitting.sort_by(|a, b| a.0.total_cmp(&b.0));
             // The best of the next tasks is shape i when none is better and not all are worse.
-            let mut none_better = 1.0f64;
+            // `p_none_better`: probability that none of the next tasks beats the current shape.
+            let (mut none_better, mut p_none_better) = (1.0f64, 1.0f64);
             let mut expected = 0.0;
             for (left, p) in fitting {
-                let none_this_or_better = (none_better - p).max(0.0);
-                expected += left * (none_better.powf(FILL_CHANCES) - none_this_or_better.powf(FILL_CHANCES));
-                none_better = none_this_or_better;
+                none_better = (none_better - p).max(0.0);
+                let p_none_this_or_better = none_better.powf(FILL_CHANCES);
+                expected += left * (p_none_better - p_none_this_or_better);
+                p_none_better = p_none_this_or_better;
             }
-            r[f] = expected + none_better.powf(FILL_CHANCES) * f as f64;
+            // With the last shape counted, `p_none_better` is the chance that none fits.
+            r[f] = expected + p_none_better * f as f64;
         }
         let t: Rc<[f64]> = Rc::from(r);
         tables[mi as usize] = Some(t.clone());
