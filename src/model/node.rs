@@ -111,7 +111,8 @@ pub struct Node {
     /// `topology.kubernetes.io/zone`.
     #[serde(default)]
     pub zone: Option<String>,
-    /// Node group / instance group the node belongs to.
+    /// Node group / instance group the node belongs to; a node outside any group is static
+    /// capacity that no autoscaler gives back, so placement does not try to keep it empty.
     #[serde(default)]
     pub node_group: Option<String>,
     /// Cloud instance type.

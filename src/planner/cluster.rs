@@ -80,6 +80,8 @@ pub fn build<'p>(
             }
         }
         if let Some(g) = group {
+            // Matched by provider id alone: name its group, which placement reads as "elastic".
+            node.node_group.get_or_insert_with(|| groups[g].name().to_string());
             if node.state != NodeState::Deleting {
                 registered[g] += 1;
             }
@@ -162,4 +164,32 @@ pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<
         }
     }
     learned
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Instance;
+    use crate::providers::config;
+    use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
+
+    #[test]
+    fn a_node_known_only_by_its_provider_id_is_named_for_its_group() {
+        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 1}\n";
+        let mut groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let id = "aws:///us-east-1a/i-1";
+        groups[0].instances.push(Instance { id: id.into(), state: InstanceState::Running });
+        let mut managed = template_node(&groups[0], "managed".into(), NodeState::Ready);
+        managed.node_group = None;
+        managed.provider_id = Some(id.into());
+        let unmanaged = Node { name: "static".into(), provider_id: None, ..managed.clone() };
+        let snapshot = ClusterSnapshot { nodes: vec![managed, unmanaged], ..Default::default() };
+        let policy =
+            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
+        let (placer, info) = build(&snapshot, &groups, policy.as_ref(), 1, &mut Vec::new());
+        assert_eq!((info[0].group, info[1].group), (Some(0), None));
+        assert_eq!(placer.nodes()[0].node_group.as_deref(), Some("gpu"));
+        assert_eq!(placer.nodes()[1].node_group, None);
+    }
 }

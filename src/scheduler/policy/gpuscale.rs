@@ -13,8 +13,10 @@
 //!   starves GPU-dense ones.
 //! - FGD's integer score makes most choices ties broken by node order; with exact gradients the
 //!   ties vanish and nothing keeps empty nodes empty. We charge a small cost for opening an empty
-//!   node (1% of its GPU capacity), which packs work onto nodes already in use; an autoscaler can
-//!   then remove the nodes left empty.
+//!   node of a node group (1% of its GPU capacity), which packs work onto nodes already in use; an
+//!   autoscaler can then remove the nodes left empty. A node outside any group (a static pool)
+//!   cannot be given back, so there the cost only breaks ties: paying more would trade packing
+//!   for nothing.
 
 use super::fgd::{best_by_frag_delta, Fragmentation};
 use super::target::TargetWorkload;
@@ -23,8 +25,11 @@ use crate::model::{DeviceAssignment, Node, Workload};
 use crate::scheduler::fit::Unfit;
 use crate::scheduler::view::FreeView;
 
-/// Share of a node's GPU capacity charged for opening an empty node.
+/// Share of a node's GPU capacity charged for opening an empty node of a node group.
 const OPEN_NODE_COST: f64 = 0.01;
+/// Share charged for opening an empty node outside any group: a tie-break, so that empty
+/// nodes stay whole for multi-GPU tasks when nothing else tells the candidates apart.
+const OPEN_STATIC_NODE_COST: f64 = 1e-5;
 
 /// Fragmentation-aware placement with exact gradients, CPU-aware stranding and consolidation.
 #[derive(Debug)]
@@ -60,7 +65,12 @@ impl Policy for GpuscalePolicy {
 
     fn evaluate(&self, node: &Node, workload: &Workload) -> Result<(f64, DeviceAssignment), Unfit> {
         let is_empty = node.allocated.cpu_milli == 0 && node.gpus.iter().all(|g| g.is_idle());
-        let opening_cost = if is_empty { OPEN_NODE_COST * node.gpu_milli_capacity() as f64 } else { 0.0 };
+        let share = match (is_empty, node.node_group.is_some()) {
+            (false, _) => 0.0,
+            (true, true) => OPEN_NODE_COST,
+            (true, false) => OPEN_STATIC_NODE_COST,
+        };
+        let opening_cost = share * node.gpu_milli_capacity() as f64;
         best_by_frag_delta(&self.frag, node, workload, |frag_delta, before, after| {
             -(frag_delta + self.stranded(after) - self.stranded(before) + opening_cost) / 1000.0
         })
@@ -109,17 +119,44 @@ mod tests {
         assert!(on_rich > on_dense, "rich {on_rich} dense {on_dense}");
     }
 
-    #[test]
-    fn prefers_a_node_in_use_over_an_empty_one() {
-        let p = policy();
-        let empty = gpu_node("empty", 96_000, 8);
-        let mut used = gpu_node("used", 96_000, 8);
-        used.allocate(&Resources::new(12_000, 1), &DeviceAssignment::Whole { gpus: vec![0] });
-        let task = Workload {
+    fn one_gpu_task() -> Workload {
+        Workload {
             requests: Resources::new(12_000, 1),
             gpu: GpuDemand::Whole { count: 1 },
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn prefers_a_node_in_use_over_an_empty_one() {
+        let p = policy();
+        let in_group = |mut n: Node| {
+            n.node_group = Some("gpu".into());
+            n
         };
+        let empty = in_group(gpu_node("empty", 96_000, 8));
+        let mut used = in_group(gpu_node("used", 96_000, 8));
+        used.allocate(&Resources::new(12_000, 1), &DeviceAssignment::Whole { gpus: vec![0] });
+        let task = one_gpu_task();
         assert!(p.evaluate(&used, &task).unwrap().0 > p.evaluate(&empty, &task).unwrap().0);
+    }
+
+    #[test]
+    fn opening_a_node_costs_more_where_it_could_be_given_back() {
+        let p = policy();
+        let task = one_gpu_task();
+        let static_node = gpu_node("static", 96_000, 8);
+        let grouped = Node { node_group: Some("gpu".into()), ..static_node.clone() };
+        let (on_static, _) = p.evaluate(&static_node, &task).unwrap();
+        let (on_grouped, _) = p.evaluate(&grouped, &task).unwrap();
+        let expected = (OPEN_NODE_COST - OPEN_STATIC_NODE_COST) * 8.0;
+        assert!((on_static - on_grouped - expected).abs() < 1e-9, "{on_static} - {on_grouped}");
+        // In a static pool the cost only breaks ties: a used node that looks exactly like the empty
+        // one (a ninth GPU taken with its CPU) still wins.
+        let mut used = gpu_node("used", 108_000, 9);
+        used.allocate(&Resources::new(12_000, 1), &DeviceAssignment::Whole { gpus: vec![8] });
+        let (on_used, _) = p.evaluate(&used, &task).unwrap();
+        assert!(on_used > on_static, "used {on_used} empty {on_static}");
+        assert!(on_used - on_static < 1e-3, "used {on_used} empty {on_static}");
     }
 }
