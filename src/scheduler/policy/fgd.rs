@@ -66,7 +66,8 @@ impl Fragmentation {
     /// that will fill it leave a residue. Each GPU counts the expected free milli left at the
     /// end: its room is taken by the task that leaves the least among the next `FILL_CHANCES` (50)
     /// tasks drawn from the workload, and stays free if none fits; what that task leaves is
-    /// judged the same way.
+    /// judged the same way. A one-GPU fractional shape that no GPU of the node fits is judged by
+    /// these residues too, not charged all free GPU as in the paper's measure.
     pub fn eventual(target: TargetWorkload) -> Self {
         Self { eventual: true, ..Self::new(target) }
     }
@@ -157,11 +158,18 @@ impl Fragmentation {
             residue.map(|r| gpus.iter().map(|&g| r[usize::from(g).min(r.len() - 1)]).sum());
         let mut frag = 0.0;
         for shape in &self.target.shapes {
+            // With residues, a one-GPU fractional shape needs no GPU here that fits it: the
+            // residues already count what room it cannot fill, and charging all free GPU for it
+            // keeps whole GPUs for fractional tasks (0.81 ones mostly, which then leave 0.19
+            // each). Only an idle GPU serves a whole-GPU task, so that charge stays.
+            let served_by_residues =
+                eventual.is_some() && shape.gpu_count == 1 && shape.gpu_milli < GPU_MILLI;
             let usable = shape.gpu_milli > 0
                 && shape.accepts_model(model)
                 && cpu_free >= shape.cpu_milli
-                && gpus.iter().filter(|&&g| u32::from(g) >= shape.gpu_milli).count()
-                    >= shape.gpu_count as usize;
+                && (served_by_residues
+                    || gpus.iter().filter(|&&g| u32::from(g) >= shape.gpu_milli).count()
+                        >= shape.gpu_count as usize);
             let lost = match (usable, eventual) {
                 (false, _) => f64::from(idle),
                 (true, Some(e)) => e,
@@ -292,6 +300,26 @@ mod tests {
         let n = node(&[500, 0], 8000);
         close(f.of(Some("T4"), &FreeView::of(&n)), r[500] + r[1000]);
         close(Fragmentation::new(target).of(Some("T4"), &FreeView::of(&n)), 0.98 * 500.0);
+    }
+
+    #[test]
+    fn with_residues_only_whole_gpu_tasks_count_a_node_without_a_gpu_for_them_lost() {
+        // 0.8-GPU and whole-GPU tasks, and 0.3-GPU ones that fill remainders.
+        let target = TargetWorkload {
+            shapes: vec![shape(1000, 800, 1, 0.4), shape(1000, 1000, 1, 0.4), shape(1000, 300, 1, 0.2)],
+        };
+        let f = Fragmentation::eventual(target.clone());
+        let r = f.residue_table(0, Some("T4"));
+        // 0.7 and 0.3 free: no GPU fits a 0.8 or a whole task.
+        let view = FreeView::of(&node(&[300, 700], 8000));
+        let residues = r[700] + r[300];
+        assert!(residues < 200.0, "{residues}");
+        // The whole-GPU task loses the node's 1.0 free GPU; the 0.8 one is judged by the
+        // residues, as the 0.3 one is, instead of losing all the free GPU too.
+        let frag = f.of(Some("T4"), &view);
+        assert!((frag - (0.4 * 1000.0 + 0.6 * residues)).abs() < 1e-9, "{frag}");
+        // The paper's measure counts the free GPU lost to both large shapes.
+        assert_eq!(Fragmentation::new(target).of(Some("T4"), &view), 800.0);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! - FGD looks one task ahead: room that fits the next task counts as fully useful, although the
 //!   tasks that fill it leave their own remainder (0.19 of a GPU after a 0.81 task, usable by few
 //!   shapes). We count each GPU's expected eventual residue instead
-//!   ([`Fragmentation::eventual`]), so placements that leave fillable remainders win.
+//!   ([`Fragmentation::eventual`]), so placements that leave fillable remainders win. A
+//!   fractional task that fits none of a node's GPUs is judged by these residues too: FGD counts
+//!   all the node's free GPU lost to it, which keeps whole GPUs for 0.81 tasks that leave 0.19.
 //! - FGD sees CPU only through the next task: a node whose free CPU still fits one more task
 //!   counts all its free GPUs as usable, even when the CPU supports only a fraction of them. We
 //!   add the GPU capacity that the node's free CPU cannot feed at the expected workload's CPU per
