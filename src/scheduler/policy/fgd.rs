@@ -158,10 +158,10 @@ impl Fragmentation {
             residue.map(|r| gpus.iter().map(|&g| r[usize::from(g).min(r.len() - 1)]).sum());
         let mut frag = 0.0;
         for shape in &self.target.shapes {
-            // With residues, a one-GPU fractional shape needs no GPU here that fits it: the
-            // residues already count what room it cannot fill, and charging all free GPU for it
-            // keeps whole GPUs for fractional tasks (0.81 ones mostly, which then leave 0.19
-            // each). Only an idle GPU serves a whole-GPU task, so that charge stays.
+            // With residues, a one-GPU fractional shape that no GPU here fits is judged by them
+            // anyway: they already count the room no task will fill, and charging all free GPU
+            // for it keeps whole GPUs for fractional tasks (0.81 ones mostly, which then leave
+            // 0.19 each). Only an idle GPU serves a whole-GPU task, so that charge stays.
             let served_by_residues =
                 eventual.is_some() && shape.gpu_count == 1 && shape.gpu_milli < GPU_MILLI;
             let usable = shape.gpu_milli > 0
