@@ -132,12 +132,8 @@ mod tests {
     #[test]
     fn prefers_a_node_in_use_over_an_empty_one() {
         let p = policy();
-        let in_group = |mut n: Node| {
-            n.node_group = Some("gpu".into());
-            n
-        };
-        let empty = in_group(gpu_node("empty", 96_000, 8));
-        let mut used = in_group(gpu_node("used", 96_000, 8));
+        let empty = Node { node_group: Some("gpu".into()), ..gpu_node("empty", 96_000, 8) };
+        let mut used = Node { node_group: Some("gpu".into()), ..gpu_node("used", 96_000, 8) };
         used.allocate(&Resources::new(12_000, 1), &DeviceAssignment::Whole { gpus: vec![0] });
         let task = one_gpu_task();
         assert!(p.evaluate(&used, &task).unwrap().0 > p.evaluate(&empty, &task).unwrap().0);
