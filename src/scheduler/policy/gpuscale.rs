@@ -8,11 +8,12 @@
 //!   ([`Fragmentation::eventual`]), so placements that leave fillable remainders win. A
 //!   fractional task that fits none of a node's GPUs is judged by these residues too: FGD counts
 //!   all the node's free GPU lost to it, which keeps whole GPUs for 0.81 tasks that leave 0.19.
-//! - FGD sees CPU only through the next task: a node whose free CPU still fits one more task
-//!   counts all its free GPUs as usable, even when the CPU supports only a fraction of them. We
-//!   add the GPU capacity that the node's free CPU cannot feed at the expected workload's CPU per
-//!   GPU ("fluid" stranding), so CPU-heavy and CPU-only work flows to CPU-rich nodes before it
-//!   starves GPU-dense ones.
+//! - FGD sees CPU only through the next task, and memory not at all: a node whose free CPU still
+//!   fits one more task counts all its free GPUs as usable, even when its CPU or memory supports
+//!   only a fraction of them. We add the GPU capacity that the node's free CPU and memory cannot
+//!   feed at the expected workload's CPU and memory per GPU, whichever runs out first ("fluid"
+//!   stranding), so CPU- and memory-heavy work, GPU or not, flows to the nodes rich in what it
+//!   needs before it starves GPU-dense ones.
 //! - FGD's integer score makes most choices ties broken by node order; with exact gradients the
 //!   ties vanish and nothing keeps empty nodes empty. We charge a small cost for opening an empty
 //!   node of a node group (1% of its GPU capacity), which packs work onto nodes already in use; an
@@ -33,12 +34,15 @@ const OPEN_NODE_COST: f64 = 0.01;
 /// nodes stay whole for multi-GPU tasks when nothing else tells the candidates apart.
 const OPEN_STATIC_NODE_COST: f64 = 1e-5;
 
-/// Fragmentation-aware placement with exact gradients, CPU-aware stranding and consolidation.
+/// Fragmentation-aware placement with exact gradients, CPU- and memory-aware stranding and
+/// consolidation.
 #[derive(Debug)]
 pub struct GpuscalePolicy {
     frag: Fragmentation,
     /// Expected CPU (milli) per milli-GPU of the GPU tasks in the expected workload.
     cpu_per_gpu_milli: f64,
+    /// Expected memory (bytes) per milli-GPU of the same tasks.
+    memory_per_gpu_milli: f64,
 }
 
 impl GpuscalePolicy {
@@ -47,16 +51,22 @@ impl GpuscalePolicy {
         let gpu_shapes = || target.shapes.iter().filter(|s| s.gpu_milli > 0);
         let cpu: f64 = gpu_shapes().map(|s| s.weight * s.cpu_milli as f64).sum();
         let gpu: f64 = gpu_shapes().map(|s| s.weight * f64::from(s.gpu_milli * s.gpu_count)).sum();
-        let cpu_per_gpu_milli = if gpu > 0.0 { cpu / gpu } else { 0.0 };
-        Self { frag: Fragmentation::eventual(target), cpu_per_gpu_milli }
+        let memory: f64 = gpu_shapes().map(|s| s.weight * s.memory_bytes as f64).sum();
+        let per_gpu = |x: f64| if gpu > 0.0 { x / gpu } else { 0.0 };
+        Self {
+            frag: Fragmentation::eventual(target),
+            cpu_per_gpu_milli: per_gpu(cpu),
+            memory_per_gpu_milli: per_gpu(memory),
+        }
     }
 
-    /// Free GPU capacity (milli) that the node's free CPU cannot feed at the expected ratio.
+    /// Free GPU capacity (milli) that the node's free CPU and memory cannot feed at the expected
+    /// ratios: the scarcer of the two decides how much of it future GPU work can use.
     fn stranded(&self, view: &FreeView) -> f64 {
-        if self.cpu_per_gpu_milli <= 0.0 {
-            return 0.0;
-        }
-        (f64::from(view.gpu_free_total()) - view.cpu_milli as f64 / self.cpu_per_gpu_milli).max(0.0)
+        let fed = |free: u64, per_gpu: f64| if per_gpu > 0.0 { free as f64 / per_gpu } else { f64::INFINITY };
+        let fed = fed(view.cpu_milli, self.cpu_per_gpu_milli)
+            .min(fed(view.memory_bytes, self.memory_per_gpu_milli));
+        (f64::from(view.gpu_free_total()) - fed).max(0.0)
     }
 }
 
@@ -95,9 +105,9 @@ mod tests {
         }
     }
 
-    fn policy() -> GpuscalePolicy {
-        // Expected work: 1-GPU tasks with 12 cores each.
-        GpuscalePolicy::new(TargetWorkload {
+    /// Expected work: 1-GPU tasks with 12 cores each.
+    fn policy_target() -> TargetWorkload {
+        TargetWorkload {
             shapes: vec![TargetShape {
                 cpu_milli: 12_000,
                 memory_bytes: 0,
@@ -106,7 +116,11 @@ mod tests {
                 models: vec![],
                 weight: 1.0,
             }],
-        })
+        }
+    }
+
+    fn policy() -> GpuscalePolicy {
+        GpuscalePolicy::new(policy_target())
     }
 
     #[test]
@@ -119,6 +133,44 @@ mod tests {
         let (on_dense, _) = p.evaluate(&dense, &cpu_task).unwrap();
         let (on_rich, _) = p.evaluate(&rich, &cpu_task).unwrap();
         assert!(on_rich > on_dense, "rich {on_rich} dense {on_dense}");
+    }
+
+    /// Expected work: 1-GPU tasks with 12 cores and 64 GiB each.
+    fn memory_policy() -> GpuscalePolicy {
+        let mut target = policy_target();
+        target.shapes[0].memory_bytes = 64 << 30;
+        GpuscalePolicy::new(target)
+    }
+
+    fn node_with_memory(name: &str, cpu: u64, memory_gib: u64, gpus: usize) -> Node {
+        Node { allocatable: Resources::new(cpu, memory_gib << 10), ..gpu_node(name, cpu, gpus) }
+    }
+
+    #[test]
+    fn the_scarcer_of_cpu_and_memory_strands_gpus() {
+        let p = memory_policy();
+        let view = |cpu_gpus: u64, memory_gpus: u64| {
+            FreeView::of(&node_with_memory("n", cpu_gpus * 12_000, memory_gpus * 64, 8))
+        };
+        // CPU for 6 of the 8 GPUs, memory for 4: memory decides.
+        assert!((p.stranded(&view(6, 4)) - 4000.0).abs() < 1e-6);
+        // Memory for 7, CPU for 6: CPU decides.
+        assert!((p.stranded(&view(6, 7)) - 2000.0).abs() < 1e-6);
+        assert_eq!(p.stranded(&view(9, 9)), 0.0);
+        // Without memory in the expected work, memory strands nothing.
+        assert!((policy().stranded(&view(6, 1)) - 2000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn memory_heavy_work_goes_where_memory_is_plentiful() {
+        let p = memory_policy();
+        // Both nodes have CPU to spare; 512 GiB is exactly what 8 expected tasks need.
+        let lean = node_with_memory("lean", 200_000, 512, 8);
+        let roomy = node_with_memory("roomy", 200_000, 1024, 8);
+        let task = Workload { requests: Resources::new(1000, 100 << 10), ..Default::default() };
+        let (on_lean, _) = p.evaluate(&lean, &task).unwrap();
+        let (on_roomy, _) = p.evaluate(&roomy, &task).unwrap();
+        assert!(on_roomy > on_lean, "roomy {on_roomy} lean {on_lean}");
     }
 
     fn one_gpu_task() -> Workload {

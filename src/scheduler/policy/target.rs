@@ -9,7 +9,7 @@ use std::collections::HashMap;
 pub struct TargetShape {
     /// CPU request, milli.
     pub cpu_milli: u64,
-    /// Memory request, bytes.
+    /// Mean memory request of the shape's tasks, bytes.
     pub memory_bytes: u64,
     /// GPU share per GPU, milli (1000 for whole GPUs, 0 for CPU-only tasks).
     pub gpu_milli: u32,
@@ -44,10 +44,11 @@ type ShapeKey = (u64, u32, u32, String);
 impl TargetWorkload {
     /// The smallest set of the most frequent shapes that covers `coverage` (0..=1) of the
     /// workloads, re-weighted to sum to 1. Memory is not part of the shape (as in FGD); the
-    /// memory kept is the most common one of the shape. MIG and time-sliced demands do not compete
+    /// memory kept is the mean of the shape's tasks. MIG and time-sliced demands do not compete
     /// for shareable GPUs and are left out.
     pub fn from_workloads(workloads: &[Workload], coverage: f64) -> Self {
-        let mut counts: HashMap<ShapeKey, (u64, HashMap<u64, u64>)> = HashMap::new();
+        // Per shape: number of tasks and their summed memory.
+        let mut counts: HashMap<ShapeKey, (u64, u128)> = HashMap::new();
         let mut total = 0u64;
         for w in workloads {
             let (gpu_milli, gpu_count) = match &w.gpu {
@@ -59,16 +60,11 @@ impl TargetWorkload {
             let key = (w.requests.cpu_milli, gpu_milli, gpu_count, w.gpu_models.join("|"));
             let entry = counts.entry(key).or_default();
             entry.0 += 1;
-            *entry.1.entry(w.requests.memory_bytes).or_default() += 1;
+            entry.1 += u128::from(w.requests.memory_bytes);
             total += 1;
         }
-        let mut list: Vec<(ShapeKey, u64, u64)> = counts
-            .into_iter()
-            .map(|(k, (n, mems))| {
-                let mem = mems.into_iter().max_by_key(|&(m, c)| (c, m)).map_or(0, |(m, _)| m);
-                (k, n, mem)
-            })
-            .collect();
+        let mut list: Vec<(ShapeKey, u64, u64)> =
+            counts.into_iter().map(|(k, (n, memory))| (k, n, (memory / u128::from(n)) as u64)).collect();
         // Most frequent first; ties: larger CPU, GPU share, GPU count, model list first.
         list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
         let expected = coverage * total as f64;
@@ -124,5 +120,18 @@ mod tests {
         let all = TargetWorkload::from_workloads(&ws, 1.0);
         assert_eq!(all.shapes.len(), 3);
         assert_eq!(all.shapes[2].gpu_count, 0);
+    }
+
+    #[test]
+    fn a_shape_keeps_the_mean_memory_of_its_tasks() {
+        let with_memory = |mib: u64| Workload {
+            requests: Resources::new(4000, mib),
+            gpu: GpuDemand::Whole { count: 1 },
+            ..Default::default()
+        };
+        let ws = [with_memory(1024), with_memory(1024), with_memory(4096)];
+        let t = TargetWorkload::from_workloads(&ws, 1.0);
+        assert_eq!(t.shapes.len(), 1);
+        assert_eq!(t.shapes[0].memory_bytes, 2048 << 20);
     }
 }
