@@ -63,9 +63,10 @@ impl GpuscalePolicy {
     /// Free GPU capacity (milli) that the node's free CPU and memory cannot feed at the expected
     /// ratios: the scarcer of the two decides how much of it future GPU work can use.
     fn stranded(&self, view: &FreeView) -> f64 {
-        let fed = |free: u64, per_gpu: f64| if per_gpu > 0.0 { free as f64 / per_gpu } else { f64::INFINITY };
-        let fed = fed(view.cpu_milli, self.cpu_per_gpu_milli)
-            .min(fed(view.memory_bytes, self.memory_per_gpu_milli));
+        let gpu_fed_by =
+            |free: u64, per_gpu: f64| if per_gpu > 0.0 { free as f64 / per_gpu } else { f64::INFINITY };
+        let fed = gpu_fed_by(view.cpu_milli, self.cpu_per_gpu_milli)
+            .min(gpu_fed_by(view.memory_bytes, self.memory_per_gpu_milli));
         (f64::from(view.gpu_free_total()) - fed).max(0.0)
     }
 }
