@@ -23,9 +23,9 @@ use std::rc::Rc;
 /// same whatever share of the workload shares GPUs. Counted in all GPU tasks, a gap would wait
 /// for twice as many sharing tasks where half the GPU tasks share as where a quarter do, and
 /// mid-size gaps would look fillable though they compete for the same few tasks (competition
-/// this count does not model). One chance
-/// calls half-GPU room mostly lost and packs too tightly; unbounded chances call every remainder
-/// fillable and stop steering the rare small tasks to it. On the openb trace 24 to 30 are best.
+/// this count does not model). One chance calls half-GPU room mostly lost and packs too tightly;
+/// unbounded chances call every remainder fillable and stop steering the rare small tasks to it.
+/// On the openb trace 24 to 30 are best.
 const SHARING_FILL_CHANCES: f64 = 27.0;
 
 /// Fragmentation of nodes for one expected workload, memoised by node state.
@@ -71,9 +71,9 @@ impl Fragmentation {
     /// that will fill it leave a residue. Each GPU counts the expected free milli left at the
     /// end: its room is taken by the task that leaves the least among the next tasks drawn from
     /// the workload (as many as hold [`SHARING_FILL_CHANCES`] (27) GPU-sharing tasks on average),
-    /// and stays free if none fits; what that task leaves is
-    /// judged the same way. A one-GPU fractional shape that no GPU of the node fits is judged by
-    /// these residues too, not charged all free GPU as in the paper's measure.
+    /// and stays free if none fits; what that task leaves is judged the same way. A one-GPU
+    /// fractional shape that no GPU of the node fits is judged by these residues too, not charged
+    /// all free GPU as in the paper's measure.
     pub fn eventual(target: TargetWorkload) -> Self {
         Self { eventual: true, ..Self::new(target) }
     }
