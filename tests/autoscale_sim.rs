@@ -167,6 +167,8 @@ fn openb_slice_is_sane_and_deterministic() {
     assert_eq!(ca_again.samples, cmp.runs[1].samples);
 }
 
+// Runs the binary, which needs the `cli` feature.
+#[cfg(feature = "cli")]
 #[test]
 fn cli_writes_table_csv_and_svg() {
     let dir = tempfile::tempdir().unwrap();

@@ -63,6 +63,8 @@ fn sample_tenancy_is_fairer_than_fifo_and_deterministic() {
     );
 }
 
+// Runs the binary, which needs the `cli` feature.
+#[cfg(feature = "cli")]
 #[test]
 fn cli_writes_csv_and_summary() {
     let out = tempfile::tempdir().unwrap();
