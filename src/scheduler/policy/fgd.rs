@@ -370,10 +370,11 @@ mod tests {
         let two = TargetWorkload { shapes: vec![shape(1000, 500, 1, 0.5), shape(1000, 300, 1, 0.5)] };
         let r = Fragmentation::eventual(two).residue_table(0, Some("T4"));
         assert_eq!(r[200], 200.0);
-        // Under a thousandth of a milli-GPU left: only when no 0.5 task comes at all (2^-27).
-        assert!(r[500] < 1e-3, "{}", r[500]);
-        // 0.3 free waits for a 0.3 task.
-        assert!(r[300] < 1e-3, "{}", r[300]);
+        // Room is left only when none of the 27 next tasks is a 0.5 one (2^-27): then a 0.3 task
+        // leaves 0.2, so 200 * 2^-27 = 1.5e-6 milli-GPU.
+        assert!(r[500] < 1e-5, "{}", r[500]);
+        // 0.3 free waits for a 0.3 task (missing with the same 2^-27: 300 * 2^-27 = 2.2e-6).
+        assert!(r[300] < 1e-5, "{}", r[300]);
     }
 
     #[test]
