@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs and starts what the tests need (the moto AWS
-# API emulator and helm), then runs formatting and lint checks and every test with every cargo feature.
+# API emulator, helm, and the real Kubernetes control plane — etcd, kube-apiserver, kube-scheduler —
+# built from the official Go modules and cached under target/k8s/), then runs formatting and lint
+# checks and every test with every cargo feature.
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
 #
@@ -31,6 +33,13 @@ echo "test.sh: moto at $MOTO_ENDPOINT" >&2
 GPUSCALE_HELM="$(charts/scripts/install-helm.sh)" || { echo "test.sh: helm could not be installed" >&2; exit 1; }
 export GPUSCALE_HELM
 echo "test.sh: helm at $GPUSCALE_HELM" >&2
+
+# The real control plane for the end-to-end tests (tests/k8s_*.rs): built once per pinned version
+# (about 8 minutes cold on 2 cores), then reused. Each test starts its own processes on loopback.
+command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
+GPUSCALE_K8S_BIN="$(scripts/k8s-controlplane.sh)" || { echo "test.sh: the Kubernetes control plane could not be built" >&2; exit 1; }
+export GPUSCALE_K8S_BIN
+echo "test.sh: kube-apiserver, kube-scheduler and etcd in $GPUSCALE_K8S_BIN" >&2
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings

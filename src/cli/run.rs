@@ -63,14 +63,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
-        let mut kube_config = kube::Config::infer()
+        let kube_config = kube::Config::infer()
             .await
             .context("finding the Kubernetes API server (in-cluster or kubeconfig)")?;
-        // The loop retries on its own schedule; kube's built-in retry would sit out an eviction's
-        // 429 Retry-After inside one pass and stall every other node.
-        kube_config.default_retry = false;
-        gpuscale::tls::install_crypto_provider();
-        let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
+        let client = gpuscale::controller::client(kube_config).context("building the Kubernetes client")?;
         let set = ProviderSet::connect(&providers).await?;
         let options = ControllerOptions {
             config: file.controller,

@@ -41,7 +41,8 @@ pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
 /// no read access to other ConfigMaps or Secrets is needed.
 pub const CONTROLLER_NAMESPACE_RULES: &[Rule] = &[
     rule(&["coordination.k8s.io"], &["leases"], &["get", "create", "update"]),
-    rule(&[""], &["configmaps"], &["get", "patch"]),
+    // Server-side apply of an absent object is authorised as a create as well as a patch.
+    rule(&[""], &["configmaps"], &["get", "create", "patch"]),
 ];
 
 /// What the node agent (DaemonSet) needs cluster-wide: read and annotate its own node.

@@ -18,7 +18,7 @@ use super::readiness::{self, Readiness};
 use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
-use crate::model::{ErrorClass, NodeGroup, NodeState, OwnerKind, Workload};
+use crate::model::{ErrorClass, InstanceState, NodeGroup, NodeState, OwnerKind, Workload};
 use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{scale_up_gang, GangOutcome, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
@@ -53,6 +53,66 @@ pub enum ControllerError {
     /// The stored objects could not be converted.
     #[error("converting the cluster state: {0}")]
     Snapshot(#[from] SnapshotError),
+    /// The API server does not serve a resource the loop needs (an older Kubernetes).
+    #[error("the API server does not serve {what}; gpuscale needs Kubernetes 1.25 or newer (the chart's kubeVersion)")]
+    NotServed {
+        /// The resource.
+        what: &'static str,
+    },
+    /// The API server refused a read the controller cannot work without: retrying would only
+    /// hide a missing RBAC rule or a bad token behind a loop of warnings.
+    #[error("the API server refused to {what} ({code}): {message}; does the controller's ServiceAccount have the chart's RBAC?")]
+    Refused {
+        /// What was asked, e.g. `list nodes`.
+        what: String,
+        /// HTTP status (401 or 403).
+        code: u16,
+        /// The server's message.
+        message: String,
+    },
+}
+
+/// How often a refusal is asked again (2 s apart) before it stops the controller.
+const REFUSALS_BEFORE_GIVING_UP: u32 = 3;
+
+/// Lists one object of `api` to learn, before any watch starts, whether the server lets us read
+/// it: 401/403 (still, after [`REFUSALS_BEFORE_GIVING_UP`] retries) is
+/// [`ControllerError::Refused`]; 404 (the resource is not served) is `Ok(false)`.
+/// Other failures (the server not reachable yet) are retried with backoff until one of those
+/// answers or success, so an absent CRD is never mistaken for a passing fault or the reverse.
+async fn may_read<K>(api: &Api<K>, what: &str) -> Result<bool, ControllerError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut delay = Duration::from_millis(200);
+    let mut refusals = 0;
+    loop {
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(true),
+            // A restarting API server refuses allowed requests until its RBAC caches fill: a
+            // refusal counts once it has held for a few seconds.
+            Err(kube::Error::Api(e))
+                if (e.code == 401 || e.code == 403) && refusals < REFUSALS_BEFORE_GIVING_UP =>
+            {
+                refusals += 1;
+                tracing::warn!(what, error = %e.message, "refused; asking again in case the API server is warming up");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(kube::Error::Api(e)) if e.code == 401 || e.code == 403 => {
+                return Err(ControllerError::Refused {
+                    what: what.to_string(),
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+            Err(e) => {
+                tracing::warn!(what, error = %e, retry_in = ?delay, "reading from the API server failed");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
 }
 
 /// How one controller process runs.
@@ -106,7 +166,14 @@ struct LoopState {
     first_seen: BTreeMap<String, Timestamp>,
     unneeded_since: BTreeMap<String, Timestamp>,
     gangs_in_flight: Arc<Mutex<BTreeSet<String>>>,
+    /// Pods this process evicted, and when: the pod watch may not have shown their deletion by
+    /// the next pass, and a second eviction of a terminating pod is wasted (the real API answers
+    /// 201 again). Lost on restart, which only costs one repeated eviction.
+    evicted_at: BTreeMap<String, Instant>,
 }
+
+/// How long a pod this process evicted is not evicted again while the watch catches up.
+const EVICTION_ECHO_WINDOW: Duration = Duration::from_secs(30);
 
 fn spawn_reflector<K>(
     api: Api<K>,
@@ -180,6 +247,21 @@ impl Controller {
             pdbs: pdb_w.as_reader(),
             pod_groups: None,
         };
+        // What the loop cannot work without: refused is an RBAC fault, not served an old server;
+        // both stop the controller with the reason instead of a silent retry loop.
+        for (served, what) in [
+            (may_read(&Api::<Node>::all(self.client.clone()), "list nodes").await?, "v1 Node"),
+            (may_read(&Api::<Pod>::all(self.client.clone()), "list pods").await?, "v1 Pod"),
+            (
+                may_read(&Api::<PodDisruptionBudget>::all(self.client.clone()), "list poddisruptionbudgets")
+                    .await?,
+                "policy/v1 PodDisruptionBudget",
+            ),
+        ] {
+            if !served {
+                return Err(ControllerError::NotServed { what });
+            }
+        }
         tasks.0.push(spawn_reflector(Api::all(self.client.clone()), node_w, notify.clone(), "Node"));
         tasks.0.push(spawn_reflector(Api::all(self.client.clone()), pod_w, notify.clone(), "Pod"));
         tasks.0.push(spawn_reflector(
@@ -190,15 +272,16 @@ impl Controller {
         ));
         let ar = pod_group_resource();
         let pg_api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
-        match pg_api.list(&ListParams::default().limit(1)).await {
-            Ok(_) => {
-                let w = Writer::<DynamicObject>::new(ar.clone());
-                stores.pod_groups = Some(w.as_reader());
-                tasks.0.push(spawn_reflector_dyn(pg_api, w, notify.clone(), "PodGroup", ar));
-            }
-            Err(e) => {
-                tracing::info!(error = %e, "PodGroups (scheduling.x-k8s.io/v1alpha1) not available; gang sizes come from pod annotations")
-            }
+        // An absent CRD turns gang sizes from PodGroups off; a refusal is an error, so gangs are
+        // never silently planned as single pods.
+        if may_read(&pg_api, "list podgroups.scheduling.x-k8s.io").await? {
+            let w = Writer::<DynamicObject>::new(ar.clone());
+            stores.pod_groups = Some(w.as_reader());
+            tasks.0.push(spawn_reflector_dyn(pg_api, w, notify.clone(), "PodGroup", ar));
+        } else {
+            tracing::info!(
+                "PodGroups (scheduling.x-k8s.io/v1alpha1) not served; gang sizes come from pod annotations"
+            );
         }
         let ready = async {
             stores.nodes.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Node" })?;
@@ -242,6 +325,7 @@ impl Controller {
             first_seen: BTreeMap::new(),
             unneeded_since: BTreeMap::new(),
             gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
+            evicted_at: BTreeMap::new(),
         };
         let mut last_tick = Instant::now();
         let mut next_pass = Instant::now();
@@ -643,13 +727,20 @@ impl Controller {
             if !step.evict.is_empty() && !marks.evicted {
                 self.actuator.mark_evicting(&node).await?;
             }
+            state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
             for id in &step.evict {
                 if !Self::leading(lead) {
                     return Ok(true);
                 }
+                if state.evicted_at.contains_key(id) {
+                    continue; // evicted already; its deletion has not reached the store yet
+                }
                 let (ns, name) = id.split_once('/').unwrap_or(("default", id));
                 match self.actuator.evict(ns, name).await {
-                    Ok(Eviction::Evicted) => tracing::info!(pod = %id, %node, "evicted"),
+                    Ok(Eviction::Evicted) => {
+                        tracing::info!(pod = %id, %node, "evicted");
+                        state.evicted_at.insert(id.clone(), Instant::now());
+                    }
                     Ok(Eviction::Gone) => {}
                     Ok(Eviction::Refused(message)) => self.observer.eviction_blocked(
                         id,
@@ -687,6 +778,17 @@ impl Controller {
             return Ok(());
         };
         let Some(provider) = self.providers.provider_of(&group.id) else { return Ok(()) };
+        // Deleted already (by this process a pass ago, whose Node deletion the store has not shown
+        // yet, or by a leader that crashed before deleting the Node): deleting it again would
+        // shrink the group a second time on clouds that decrement on delete.
+        let live = group
+            .instances
+            .iter()
+            .any(|i| i.id == instance && matches!(i.state, InstanceState::Pending | InstanceState::Running));
+        if !live {
+            self.actuator.delete_node(node).await?;
+            return Ok(());
+        }
         match provider.delete_instances(&group.id, std::slice::from_ref(&instance)).await {
             Ok(()) | Err(ProviderError::InstanceNotFound { .. }) => {}
             Err(e) => {

@@ -81,8 +81,21 @@ pub fn build(
     now: Timestamp,
 ) -> Result<ClusterView, SnapshotError> {
     let mut view = ClusterView::default();
+    // Reflector stores hand objects out in hash order; sorted by identity, the same cluster gives
+    // the same snapshot and so the same plan (a new leader continues what the old one chose).
+    let by_identity =
+        |a: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+         b: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid))
+        };
+    let mut nodes: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
+    nodes.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
+    let mut pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+    pods.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
+    let mut pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(AsRef::as_ref).collect();
+    pdbs.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
     let mut objects = Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len());
-    for n in nodes.iter().map(AsRef::as_ref) {
+    for n in nodes.iter().copied() {
         let mut value = to_value("Node", "v1", n);
         let annotations = n.metadata.annotations.clone().unwrap_or_default();
         let taints = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
@@ -101,10 +114,10 @@ pub fn build(
         }
         objects.push(SourcedObject::new(format!("Node {}", name_of(&n.metadata)), value));
     }
-    for p in pods.iter().map(AsRef::as_ref) {
+    for p in pods.iter().copied() {
         objects.push(SourcedObject::new(format!("Pod {}", name_of(&p.metadata)), to_value("Pod", "v1", p)));
     }
-    for b in pdbs.iter().map(AsRef::as_ref) {
+    for b in pdbs.iter().copied() {
         objects.push(SourcedObject::new(
             format!("PodDisruptionBudget {}", name_of(&b.metadata)),
             to_value("PodDisruptionBudget", "policy/v1", b),
@@ -125,7 +138,7 @@ pub fn build(
     let workloads: BTreeMap<&str, usize> =
         view.snapshot.workloads.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
     let mut protected = Vec::new();
-    for p in pods.iter().map(AsRef::as_ref) {
+    for p in pods.iter().copied() {
         let id = name_of(&p.metadata);
         let Some(&wi) = workloads.get(id.as_str()) else { continue };
         let w = &view.snapshot.workloads[wi];
@@ -250,5 +263,27 @@ mod tests {
         assert!(b.eviction_blocked.as_deref().unwrap().contains("minimum runtime"), "{b:?}");
         let facts = &view.pods_by_node["n2"][0];
         assert!(facts.is_training() && facts.started_at == Some(t(-10)));
+    }
+
+    #[test]
+    fn the_same_objects_in_any_store_order_give_the_same_snapshot_and_plan() {
+        let nodes: Vec<Arc<Node>> = (0..6).map(|i| Arc::new(node(&format!("n{i}"), json!({})))).collect();
+        let pods: Vec<Arc<Pod>> = (0..6)
+            .map(|i| {
+                Arc::new(pod(&format!("p{i}"), (i % 2 == 0).then(|| format!("n{i}")).as_deref(), json!({})))
+            })
+            .collect();
+        let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
+        let config = ControllerConfig::default();
+        let forward = build(&nodes, &pods, &pdbs, &[], &config, t(10)).unwrap();
+        let (mut rn, mut rp) = (nodes.clone(), pods.clone());
+        rn.reverse();
+        rp.rotate_left(2);
+        let shuffled = build(&rn, &rp, &pdbs, &[], &config, t(10)).unwrap();
+        let names = |v: &ClusterView| v.snapshot.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        let ids = |v: &ClusterView| v.snapshot.workloads.iter().map(|w| w.id.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&forward), names(&shuffled));
+        assert_eq!(ids(&forward), ids(&shuffled));
+        assert_eq!(names(&forward), vec!["n0", "n1", "n2", "n3", "n4", "n5"]);
     }
 }

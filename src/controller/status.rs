@@ -193,8 +193,15 @@ impl StatusPublisher {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn failed(&self, what: &str, err: &dyn std::fmt::Display) {
-        tracing::warn!(error = %err, "status: {what} failed");
+    fn failed(&self, what: &str, err: &kube::Error) {
+        match err {
+            // A refusal repeats on every loop until someone fixes the RBAC: say so loudly.
+            kube::Error::Api(e) if e.code == 401 || e.code == 403 => tracing::error!(
+                error = %err,
+                "status: {what} refused; the controller's ServiceAccount lacks the chart's RBAC"
+            ),
+            _ => tracing::warn!(error = %err, "status: {what} failed"),
+        }
         if let Some(m) = &self.metrics {
             m.error("status");
         }
@@ -382,7 +389,12 @@ impl StatusPublisher {
             Ok(yaml) => {
                 data.insert("status.yaml".to_string(), yaml);
             }
-            Err(e) => self.failed("serialising the plan", &e),
+            Err(e) => {
+                tracing::warn!(error = %e, "status: serialising the plan failed");
+                if let Some(m) = &self.metrics {
+                    m.error("status");
+                }
+            }
         }
         data.insert("summary".into(), plan.to_table());
         data.insert("dryRun".into(), dry_run.to_string());

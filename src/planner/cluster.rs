@@ -68,10 +68,20 @@ pub fn build<'p>(
         let group = group_of(node, groups);
         let mut node = node.clone();
         let mut origin = Origin::Ready;
+        if matches!(node.state, NodeState::Initializing | NodeState::Ready) {
+            // A registering node carries taints that go when it turns Ready (and a Ready one
+            // until the node lifecycle controller catches up); planned as it will be, or every
+            // pod waiting for it would ask for yet another node.
+            node.taints.retain(|t| !STARTUP_CONDITION_TAINTS.contains(&t.key.as_str()));
+        }
         if node.state == NodeState::Initializing {
             origin = Origin::Initializing;
-            // GPUs not yet advertised: plan with the GPUs its group's instances carry.
+            // GPUs (or, on a node registered before its kubelet reported capacity, CPU and
+            // memory) not yet advertised: plan with what its group's instances carry.
             if let Some(g) = group.map(|g| &groups[g]) {
+                if node.allocatable.cpu_milli == 0 && node.allocatable.memory_bytes == 0 {
+                    node.allocatable = g.template.allocatable;
+                }
                 if node.gpus.is_empty() && !g.template.gpus.is_empty() {
                     node.gpus = g.template.gpus.clone();
                     node.gpu_model = g.template.gpu_model.clone();
@@ -139,8 +149,44 @@ fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> Dev
 const NODE_SPECIFIC_LABELS: &[&str] =
     &["kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.k8s.aws/zone-id"];
 
+/// Taints that Kubernetes, cloud controllers and autoscalers put on nodes while they run (node
+/// conditions, cordons, deletion marks; Cluster Autoscaler keeps the same list): a node that
+/// starts anew never has them, so they are never learned into a group's template.
+pub const TRANSIENT_TAINTS: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/unschedulable",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/network-unavailable",
+    "node.kubernetes.io/out-of-service",
+    "node.cloudprovider.kubernetes.io/uninitialized",
+    "node.cloudprovider.kubernetes.io/shutdown",
+    "ToBeDeletedByClusterAutoscaler",
+    "DeletionCandidateOfClusterAutoscaler",
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "gpuscale.io/disrupting",
+];
+
+/// The taints a node has while it comes up and loses when it turns Ready (set by the node
+/// lifecycle controller and cloud controller manager).
+pub const STARTUP_CONDITION_TAINTS: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/network-unavailable",
+    "node.cloudprovider.kubernetes.io/uninitialized",
+];
+
+/// Whether `key` is one of [`TRANSIENT_TAINTS`].
+pub fn is_transient_taint(key: &str) -> bool {
+    TRANSIENT_TAINTS.contains(&key)
+}
+
 /// Completes each group's template with what its registered nodes show (Cluster Autoscaler builds
-/// templates from real nodes the same way): labels all of them share and their common taints.
+/// templates from real nodes the same way): labels all of them share and their common taints,
+/// less the [`TRANSIENT_TAINTS`].
 /// Pods select groups by such labels (node-group names, GFD labels) and tolerate the real taints.
 pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<NodeGroup> {
     let mut learned = groups.to_vec();
@@ -159,9 +205,13 @@ pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<
                 g.template.labels.insert(k.clone(), v.clone());
             }
         }
-        if members.iter().all(|m| m.taints == first.taints) {
-            g.template.taints = first.taints.clone();
-        }
+        g.template.taints = first
+            .taints
+            .iter()
+            .filter(|t| !is_transient_taint(&t.key))
+            .filter(|t| members.iter().all(|m| m.taints.contains(t)))
+            .cloned()
+            .collect();
     }
     learned
 }
@@ -172,6 +222,51 @@ mod tests {
     use crate::model::Instance;
     use crate::providers::config;
     use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
+
+    #[test]
+    fn run_time_taints_are_never_learned_into_a_template_but_shared_ones_are() {
+        use crate::model::{Taint, TaintEffect};
+        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 2}\n";
+        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let taint =
+            |key: &str| Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule };
+        let mut a = template_node(&groups[0], "a".into(), NodeState::Ready);
+        let mut b = template_node(&groups[0], "b".into(), NodeState::Ready);
+        for n in [&mut a, &mut b] {
+            n.taints = vec![
+                taint("node.kubernetes.io/not-ready"),
+                taint("nvidia.com/gpu"),
+                taint("gpuscale.io/disrupting"),
+            ];
+        }
+        a.taints.push(taint("only-on-a"));
+        let snapshot = ClusterSnapshot { nodes: vec![a, b], ..Default::default() };
+        let learned = learn_templates(&groups, &snapshot);
+        let keys: Vec<&str> = learned[0].template.taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, vec!["nvidia.com/gpu"]);
+    }
+
+    #[test]
+    fn a_registering_node_is_planned_without_its_not_ready_taint() {
+        use crate::model::{Taint, TaintEffect};
+        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 1}\n";
+        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let mut booting = template_node(&groups[0], "booting".into(), NodeState::Initializing);
+        let not_ready = Taint {
+            key: "node.kubernetes.io/not-ready".into(),
+            value: String::new(),
+            effect: TaintEffect::NoSchedule,
+        };
+        let own = Taint { key: "team".into(), value: "ml".into(), effect: TaintEffect::NoSchedule };
+        booting.taints = vec![not_ready, own.clone()];
+        let snapshot = ClusterSnapshot { nodes: vec![booting], ..Default::default() };
+        let policy =
+            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
+        let (placer, _) = build(&snapshot, &groups, policy.as_ref(), 1, &mut Vec::new());
+        assert_eq!(placer.nodes()[0].taints, vec![own], "the not-ready taint goes, the node's own stays");
+    }
 
     #[test]
     fn a_node_known_only_by_its_provider_id_is_named_for_its_group() {

@@ -1,0 +1,625 @@
+//! The controller end to end on the real control plane: etcd, kube-apiserver (RBAC, audit log)
+//! and kube-scheduler built from the official Go modules (`scripts/k8s-controlplane.sh`), a
+//! simulated cloud whose instances register as Nodes, and controller replicas running as
+//! ServiceAccounts with exactly the chart's RBAC. kube-scheduler, not gpuscale, binds the pods.
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+#[path = "support/controller_fixtures.rs"]
+mod fixtures;
+#[path = "support/kube_cluster.rs"]
+mod kube_cluster;
+
+use controlplane::Options;
+use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT};
+use gpuscale::model::InstanceState;
+use gpuscale::planner::PlannerSettings;
+use gpuscale::providers::simulated::Operation;
+use kube_cluster::{fast_config, node_name, pod_json, KubeCluster};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// One simulated account, one group of 4-GPU L4 nodes.
+fn providers(target: u32, max: u32) -> String {
+    format!(
+        r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {{bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}
+    nodeGroups:
+      - name: gpu-l4
+        instanceType: g6.12xlarge
+        zones: [us-east-1a]
+        minSize: 0
+        maxSize: {max}
+        targetSize: {target}
+"#
+    )
+}
+
+fn set_target_calls(c: &KubeCluster) -> Vec<(u32, u32)> {
+    c.cloud
+        .operations()
+        .into_iter()
+        .filter_map(|r| match r.op {
+            Operation::SetTargetSize { from, to, error: None, .. } => Some((from, to)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deleted_instances(c: &KubeCluster) -> Vec<Vec<String>> {
+    c.cloud
+        .operations()
+        .into_iter()
+        .filter_map(|r| match r.op {
+            Operation::DeleteInstances { instances, error: None, .. } => Some(instances),
+            _ => None,
+        })
+        .collect()
+}
+
+fn no_scale_down() -> PlannerSettings {
+    PlannerSettings { scale_down: false, ..Default::default() }
+}
+
+/// Evictions of `ml/<pod>` answered `code`, from the audit log.
+fn evictions(c: &KubeCluster, pod: &str, code: u16) -> usize {
+    c.cp.audit()
+        .iter()
+        .filter(|e| e.subresource == "eviction" && e.name == pod && e.namespace == "ml" && e.code == code)
+        .count()
+}
+
+/// The node kube-scheduler bound `ml/<pod>` to, once it is Running.
+async fn running_on(c: &KubeCluster, pod: &str) -> Option<String> {
+    let p = c.pod(pod).await?;
+    (p["status"]["phase"] == "Running")
+        .then(|| p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node() {
+    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..3 {
+        c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
+    }
+    c.wait_until(WAIT, "all three pods running", || async {
+        for i in 0..3 {
+            if running_on(&c, &format!("train-{i}")).await.is_none() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let live = c.live_instances("gpu-l4");
+    assert_eq!(live.len(), 1, "one 4-GPU node holds three 1-GPU pods: {live:?}");
+    for i in 0..3 {
+        assert_eq!(running_on(&c, &format!("train-{i}")).await.unwrap(), node_name(&live[0]));
+    }
+    // Bound by kube-scheduler, not by anyone else.
+    let binders: Vec<String> =
+        c.cp.audit()
+            .into_iter()
+            .filter(|e| e.subresource == "binding" && e.code == 201)
+            .map(|e| e.user)
+            .collect();
+    assert_eq!(binders.len(), 3, "{binders:?}");
+    assert!(binders.iter().all(|u| u == "admin"), "kube-scheduler runs as admin: {binders:?}");
+    // More passes run: in-flight and registered capacity is never scaled twice.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 1)]);
+    assert_eq!(
+        replica.recorder.with_prefix("scaled_up").len(),
+        1,
+        "{:?}",
+        replica.recorder.lines.lock().unwrap()
+    );
+    let lease = c.get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpuscale-controller").await;
+    assert_eq!(lease.expect("the Lease")["spec"]["holderIdentity"], "a");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+/// Two Ready nodes: one runs a 3-GPU pod, the other a 1-GPU pod that fits beside it.
+async fn two_node_cluster() -> (Arc<KubeCluster>, String, String) {
+    let c = KubeCluster::start(&providers(2, 4), Options::default()).await;
+    let nodes = c.register_all_ready().await;
+    let (busy, idle) = (nodes[0].clone(), nodes[1].clone());
+    c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&busy))).await;
+    c.create(pod_json("ml", "web", 1, Some("ReplicaSet"), Some(&idle))).await;
+    (c, busy, idle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_underused_node_is_drained_through_the_eviction_api_and_deleted() {
+    let (c, busy, idle) = two_node_cluster().await;
+    let idle_instance = c.live_instances("gpu-l4").into_iter().find(|i| node_name(i) == idle).unwrap();
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), PlannerSettings::default(), false).await;
+    c.wait_until(WAIT, "the drained node deleted", || async { c.node(&idle).await.is_none() }).await;
+    assert_eq!(evictions(&c, "web", 201), 1, "web left through the Eviction API");
+    assert!(c.pod("big").await.is_some(), "the busy node's pod stays");
+    assert!(c.node(&busy).await.is_some());
+    assert_eq!(deleted_instances(&c), vec![vec![idle_instance.clone()]], "that exact instance was deleted");
+    assert_eq!(c.group("gpu-l4").target_size, 1);
+    assert!(replica.recorder.with_prefix("drain_started").iter().any(|l| l.contains(&idle)));
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_pod_disruption_budget_blocks_the_drain() {
+    let (c, _busy, idle) = two_node_cluster().await;
+    // web must stay available: its budget allows no disruption.
+    c.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "ml"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), PlannerSettings::default(), false).await;
+    // The budget's status (kept by the disruption controller) allows nothing: the plan keeps the
+    // node instead of starting a drain that could not finish.
+    c.wait_until(WAIT, "the node kept for the budget", || async {
+        replica.recorder.last_plan.lock().unwrap().as_ref().is_some_and(|(p, _)| {
+            p.kept.iter().any(|k| k.node == idle && k.reason.contains("PodDisruptionBudget ml/web"))
+        })
+    })
+    .await;
+    assert_eq!(evictions(&c, "web", 201) + evictions(&c, "web", 429), 0, "no drain started");
+    // A previous leader had already started draining it and begun evicting: the real Eviction API
+    // refuses with 429 for as long as the budget holds.
+    let patch = json!({
+        "metadata": {"annotations": {
+            DRAIN_STARTED_AT: k8s_openapi::jiff::Timestamp::now().to_string(),
+            DRAIN_REASON: "GPU allocation 25% < 50%",
+            DRAIN_EVICTED: "true",
+        }},
+        "spec": {"unschedulable": true, "taints": [{"key": DISRUPTING_TAINT, "value": "true", "effect": "NoSchedule"}]}
+    });
+    c.cp.raw_patch(&format!("/api/v1/nodes/{idle}"), &patch).await;
+    c.wait_until(WAIT, "a refused eviction", || async { evictions(&c, "web", 429) >= 1 }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(evictions(&c, "web", 201), 0);
+    let web = c.pod("web").await.expect("web stays");
+    assert_eq!(web["spec"]["nodeName"], idle.as_str());
+    assert!(web["metadata"]["deletionTimestamp"].is_null());
+    let node = c.node(&idle).await.expect("the node stays");
+    assert_eq!(node["spec"]["unschedulable"], true, "cordoned while the drain waits");
+    assert!(deleted_instances(&c).is_empty());
+    assert!(!replica.recorder.with_prefix("eviction_blocked: ml/web").is_empty());
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_restart_mid_drain_resumes_without_losing_pods() {
+    let (c, busy, idle) = two_node_cluster().await;
+    for i in 0..3 {
+        c.create(pod_json("ml", &format!("side-{i}"), 0, Some("ReplicaSet"), Some(&idle))).await;
+    }
+    // A previous leader started draining the node and evicted web, then crashed.
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    c.wait_until(WAIT, "pods running", || async { running_on(&c, "side-2").await.is_some() }).await;
+    let patch = json!({
+        "metadata": {"annotations": {
+            DRAIN_STARTED_AT: k8s_openapi::jiff::Timestamp::now().to_string(),
+            DRAIN_REASON: "GPU allocation 25% < 50%",
+            DRAIN_EVICTED: "true",
+        }},
+        "spec": {"unschedulable": true, "taints": [{"key": DISRUPTING_TAINT, "value": "true", "effect": "NoSchedule"}]}
+    });
+    c.cp.raw_patch(&format!("/api/v1/nodes/{idle}"), &patch).await;
+    c.cp.raw(
+        "POST",
+        "/api/v1/namespaces/ml/pods/web/eviction",
+        Some(json!({
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web", "namespace": "ml"}
+        })),
+    )
+    .await
+    .expect("the old leader's eviction");
+    let replica = c.controller("b", fast_config(), PlannerSettings::default(), false).await;
+    c.wait_until(WAIT, "the drain finished by the new leader", || async { c.node(&idle).await.is_none() })
+        .await;
+    for pod in ["side-0", "side-1", "side-2"] {
+        assert_eq!(evictions(&c, pod, 201), 1, "{pod} left once through the Eviction API");
+    }
+    assert_eq!(evictions(&c, "web", 201), 1, "web was not evicted twice");
+    assert!(c.pod("big").await.is_some());
+    assert!(c.node(&busy).await.is_some());
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_real_lease_and_only_the_leader_acts() {
+    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let a = c.controller("a", fast_config(), no_scale_down(), false).await;
+    let b = c.controller("b", fast_config(), no_scale_down(), false).await;
+    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpuscale-controller";
+    c.wait_until(WAIT, "a lease holder", || async {
+        c.get(lease_path).await.is_some_and(|l| l["spec"]["holderIdentity"].is_string())
+    })
+    .await;
+    for i in 0..6 {
+        c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
+    }
+    c.wait_until(WAIT, "all pods running", || async {
+        for i in 0..6 {
+            if running_on(&c, &format!("train-{i}")).await.is_none() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = c.get(lease_path).await.unwrap()["spec"]["holderIdentity"].as_str().unwrap().to_string();
+    let follower = if leader == "a" { "b" } else { "a" };
+    assert_eq!(set_target_calls(&c), vec![(0, 2)], "scaled once, by the leader");
+    // The follower wrote nothing but failed Lease claims (the audit log is the server's word).
+    let writes: Vec<String> = c
+        .requests_of(follower)
+        .into_iter()
+        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+        .filter(|e| !(e.resource == "leases" && e.code >= 400))
+        .filter(|e| !(e.resource == "serviceaccounts" && e.subresource == "token"))
+        .map(|e| format!("{} {} -> {}", e.verb, e.uri, e.code))
+        .collect();
+    assert!(writes.is_empty(), "follower {follower} wrote: {writes:#?}");
+    let (lead, follow) = if leader == "a" { (a, b) } else { (b, a) };
+    lead.shutdown().await.unwrap();
+    c.wait_until(WAIT, "the follower takes the lease", || async {
+        c.get(lease_path).await.is_some_and(|l| l["spec"]["holderIdentity"] == follower)
+    })
+    .await;
+    follow.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+    c.assert_rbac_allowed("b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_plans_on_the_real_server_and_writes_nothing_but_its_status() {
+    let (c, _busy, _idle) = two_node_cluster().await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    c.create(pod_json("ml", "huge", 4, Some("Job"), None)).await;
+    let replica = c.controller("a", fast_config(), PlannerSettings::default(), true).await;
+    c.wait_until(WAIT, "a dry-run plan with a scale-up", || async {
+        replica
+            .recorder
+            .last_plan
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|(p, dry)| *dry && !p.scale_ups.is_empty())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(set_target_calls(&c).is_empty(), "dry run raised a group");
+    let writes: Vec<String> = c
+        .requests_of("a")
+        .into_iter()
+        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+        .filter(|e| !matches!(e.resource.as_str(), "events" | "configmaps"))
+        .map(|e| format!("{} {} -> {}", e.verb, e.uri, e.code))
+        .collect();
+    assert!(writes.is_empty(), "dry run wrote: {writes:#?}");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_charts_rbac_the_controller_fails_loudly() {
+    let c = KubeCluster::start(&providers(0, 4), Options { scheduler: false, ..Default::default() }).await;
+    let client = c.controller_client("norbac", false).await;
+    let replica =
+        fixtures::spawn_replica(client, c.cloud.clone(), "norbac", fast_config(), no_scale_down(), false);
+    let result = tokio::time::timeout(Duration::from_secs(30), replica.task)
+        .await
+        .expect("the controller must stop, not wait forever on forbidden watches")
+        .expect("no panic");
+    let err = result.expect_err("the controller must fail without RBAC").to_string();
+    assert!(err.contains("forbidden") || err.contains("403"), "{err}");
+    let denied = c.requests_of("norbac").iter().filter(|e| e.code == 403).count();
+    assert!(denied > 0, "the real authorizer refused it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_scale_up_is_all_or_nothing_on_the_real_server() {
+    // Three 4-GPU workers of one gang need three nodes; the group can grow by two at most.
+    let c = KubeCluster::start(&providers(0, 2), Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..3 {
+        let mut p = pod_json("ml", &format!("gang-{i}"), 4, Some("Job"), None);
+        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+        c.create(p).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        set_target_calls(&c).is_empty(),
+        "a gang that cannot fit whole scales nothing: {:?}",
+        set_target_calls(&c)
+    );
+    let (plan, _) = replica.recorder.last_plan.lock().unwrap().clone().expect("a plan");
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+    for i in 0..3 {
+        assert!(running_on(&c, &format!("gang-{i}")).await.is_none());
+    }
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+/// A hundred pending whole-GPU pods: the time from their creation until kube-scheduler has bound
+/// every one on nodes gpuscale added (simulated boot 10 s at 10x speed, Ready 0.3 s after
+/// registration). Printed, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_pending_gpu_pods_are_bound_on_added_nodes() {
+    let c = KubeCluster::start(&providers(0, 30), Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    let began = Instant::now();
+    for i in 0..100 {
+        c.create(pod_json("ml", &format!("batch-{i}"), 1, Some("Job"), None)).await;
+    }
+    let created = began.elapsed();
+    c.wait_until(Duration::from_secs(240), "all 100 pods bound", || async {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(c.cp.admin.clone(), "ml");
+        let list = pods.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        list.iter().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())).count() == 100
+    })
+    .await;
+    let all_bound = began.elapsed();
+    let nodes = c.live_instances("gpu-l4").len();
+    println!(
+        "100 pending 1-GPU pods: created in {:.2} s, all bound by kube-scheduler on {nodes} added 4-GPU nodes after {:.2} s \
+         (scale-ups: {:?})",
+        created.as_secs_f64(),
+        all_bound.as_secs_f64(),
+        set_target_calls(&c)
+    );
+    assert_eq!(nodes, 25, "100 one-GPU pods need 25 four-GPU nodes");
+    assert!(c.group("gpu-l4").instances.iter().all(|i| i.state == InstanceState::Running), "none given up");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+/// The pods `train-0..n` all Running.
+async fn all_running(c: &KubeCluster, n: usize) -> bool {
+    for i in 0..n {
+        if running_on(c, &format!("train-{i}")).await.is_none() {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_crash_mid_scale_up_with_compacted_history_neither_loses_nor_doubles() {
+    // Watches go to etcd, so a watch resumed below the compacted revision gets `410 Gone`.
+    let c = KubeCluster::start(&providers(0, 4), Options { watch_cache: false, ..Default::default() }).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 2);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..3 {
+        c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
+    }
+    c.wait_until(WAIT, "the scale-up", || async { !set_target_calls(&c).is_empty() }).await;
+    // The instance boots (20 s of cloud time at 2x) while the API server is down and etcd's history
+    // moves past what the controller's watches saw.
+    let restarted_at = c.cp.audit().len();
+    c.cp.restart_apiserver_compacting(Duration::from_secs(2)).await;
+    for i in 3..7 {
+        c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
+    }
+    c.wait_until(WAIT, "all seven pods running", || all_running(&c, 7)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        set_target_calls(&c),
+        vec![(0, 1), (1, 2)],
+        "seven 1-GPU pods: two 4-GPU nodes, each asked for once"
+    );
+    // The controller's watches came back by listing again (the 410 path), not by resuming.
+    let relists: Vec<String> = c.cp.audit()[restarted_at..]
+        .iter()
+        .filter(|e| e.user == KubeCluster::user("a") && e.verb == "list" && e.resource == "pods")
+        .map(|e| e.uri.clone())
+        .collect();
+    assert!(!relists.is_empty(), "no relist of pods after the compaction");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_api_server_slows_the_controller_but_it_converges() {
+    // Two requests in flight at most (the built-in limiter, priority and fairness off): the
+    // controller, kube-scheduler and the kubelets all get 429s with Retry-After.
+    let c = KubeCluster::start(&providers(0, 4), Options { max_requests_inflight: 2, ..Default::default() })
+        .await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..6 {
+        c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
+    }
+    c.wait_until(Duration::from_secs(180), "all six pods running", || all_running(&c, 6)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    let throttled = c.cp.audit().iter().filter(|e| e.code == 429).count();
+    println!("throttled requests (429) across all clients: {throttled}");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+fn gang_pod(i: usize) -> serde_json::Value {
+    let mut p = pod_json("ml", &format!("worker-{i}"), 2, Some("Job"), None);
+    p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+    p
+}
+
+async fn gang_running(c: &KubeCluster, n: usize) -> bool {
+    for i in 0..n {
+        if running_on(c, &format!("worker-{i}")).await.is_none() {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_scales_up_at_once_and_kube_scheduler_binds_every_member() {
+    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..4 {
+        c.create(gang_pod(i)).await;
+    }
+    c.wait_until(WAIT, "the whole gang running", || gang_running(&c, 4)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 2)], "four 2-GPU workers: two 4-GPU nodes in one step");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
+    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    // The zone has room for one node; the gang needs two.
+    c.cloud.set_zone_capacity("us-east-1a", Some(1));
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config = kube_cluster::ControllerConfig { gang_timeout_seconds: 2.0, ..fast_config() };
+    let replica = c.controller("a", config, no_scale_down(), false).await;
+    for i in 0..4 {
+        c.create(gang_pod(i)).await;
+    }
+    c.wait_until(WAIT, "the gang scale-up rolled back", || async {
+        set_target_calls(&c).last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
+    })
+    .await;
+    assert_eq!(set_target_calls(&c)[0], (0, 2));
+    c.wait_until(WAIT, "the backoff reported", || async {
+        !replica.recorder.with_prefix("backoff: sim/gpu-l4").is_empty()
+    })
+    .await;
+    let failed = replica.recorder.with_prefix("scale_up_failed: sim/gpu-l4");
+    assert!(failed.iter().any(|l| l.contains("not all gang instances ran")), "{failed:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        set_target_calls(&c).iter().filter(|(_, to)| *to > 0).count(),
+        1,
+        "backed off: {:?}",
+        set_target_calls(&c)
+    );
+    for i in 0..4 {
+        assert!(running_on(&c, &format!("worker-{i}")).await.is_none(), "no member runs alone");
+    }
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_whose_nodes_never_register_are_removed_and_the_group_backed_off() {
+    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    c.register.store(false, std::sync::atomic::Ordering::Relaxed);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config = kube_cluster::ControllerConfig { registration_timeout_seconds: 2.0, ..fast_config() };
+    let replica = c.controller("a", config, no_scale_down(), false).await;
+    c.create(pod_json("ml", "train-0", 1, Some("Job"), None)).await;
+    c.wait_until(WAIT, "a scale-up", || async { !set_target_calls(&c).is_empty() }).await;
+    c.wait_until(WAIT, "the unregistered instance deleted", || async { !deleted_instances(&c).is_empty() })
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 1)], "backed off, not grown again");
+    assert_eq!(c.group("gpu-l4").target_size, 0);
+    let backoffs = replica.recorder.with_prefix("backoff: sim/gpu-l4");
+    assert!(backoffs.iter().any(|l| l.contains("no node registered")), "{backoffs:?}");
+    let (plan, _) = replica.recorder.last_plan.lock().unwrap().clone().expect("a plan");
+    assert!(
+        plan.scale_ups.is_empty() && plan.unschedulable.iter().any(|u| u.pod == "ml/train-0"),
+        "{plan:?}"
+    );
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_replaced_by_a_cheaper_one_across_a_controller_restart() {
+    let yaml = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 1}
+      - {name: gpu-l4-small, instanceType: g6.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0}
+"#;
+    let raises = |c: &KubeCluster, group: &str| -> Vec<(u32, u32)> {
+        c.cloud
+            .operations()
+            .into_iter()
+            .filter_map(|r| match r.op {
+                Operation::SetTargetSize { group: g, from, to, error: None }
+                    if g.ends_with(group) && to > from =>
+                {
+                    Some((from, to))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let c = KubeCluster::start(yaml, Options::default()).await;
+    let old = c.register_all_ready().await.remove(0);
+    c.create(pod_json("ml", "web", 1, Some("ReplicaSet"), Some(&old))).await;
+    c.register.store(false, std::sync::atomic::Ordering::Relaxed);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let first = c.controller("a", fast_config(), PlannerSettings::default(), false).await;
+    c.wait_until(WAIT, "the cheap group raised", || async { !raises(&c, "gpu-l4-small").is_empty() }).await;
+    // A crash while the replacement boots; the next leader must not raise the group again.
+    first.task.abort();
+    let second = c.controller("b", fast_config(), PlannerSettings::default(), false).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.register.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The old node drains once the new one is Ready; the ReplicaSet's new pod (created here, as
+    // no controller manager runs) is bound by kube-scheduler on the new node.
+    c.wait_until(WAIT, "web evicted", || async { c.pod("web").await.is_none() }).await;
+    c.create(pod_json("ml", "web-2", 1, Some("ReplicaSet"), None)).await;
+    c.wait_until(WAIT, "the old node deleted", || async { c.node(&old).await.is_none() }).await;
+    c.wait_until(WAIT, "web-2 running on the new node", || async {
+        running_on(&c, "web-2").await.is_some_and(|n| n != old)
+    })
+    .await;
+    assert_eq!(raises(&c, "gpu-l4-small"), vec![(0, 1)], "raised once, across the restart");
+    let reported = first.recorder.with_prefix("replacement_requested");
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert!(first.recorder.with_prefix("scaled_up").is_empty());
+    c.wait_until(WAIT, "the old group at 0", || async { c.group("gpu-l4").target_size == 0 }).await;
+    assert_eq!(c.group("gpu-l4-small").target_size, 1, "the replacement stays");
+    second.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+    c.assert_rbac_allowed("b");
+}
