@@ -42,7 +42,19 @@ impl Uses {
 }
 
 /// What the planner models today; a snapshot that uses only these must agree with kube-scheduler.
-const MODELLED: &[&str] = &["cpu", "memory", "gpu", "taints", "node-selector", "node-affinity"];
+const MODELLED: &[&str] = &[
+    "cpu",
+    "memory",
+    "gpu",
+    "taints",
+    "node-selector",
+    "node-affinity",
+    "extended-resource",
+    "host-port",
+    "pods-resource",
+    "pod-limit",
+    "unschedulable-node",
+];
 
 /// One generated snapshot: its objects and what its pending pod exercises.
 struct Snapshot {

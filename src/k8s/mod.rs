@@ -152,7 +152,7 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
         match (&p.workload.node_name, bound) {
             (Some(_), Some(i)) => match bound_devices(&extras[i], &p) {
                 Ok(devices) => {
-                    extras[i].node.allocate(&p.workload.requests, &devices);
+                    extras[i].node.allocate_pod(&p.workload, &devices);
                     p.workload.devices = Some(devices);
                 }
                 Err(reason) => {
@@ -161,7 +161,7 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
                         p.workload.id, extras[i].node.name
                     ));
                     let node = &mut extras[i].node;
-                    node.allocate(&p.workload.requests, &DeviceAssignment::None);
+                    node.allocate_pod(&p.workload, &DeviceAssignment::None);
                 }
             },
             (Some(n), None) => warnings

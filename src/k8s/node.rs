@@ -186,6 +186,12 @@ pub fn convert_node(
         cpu_milli: alloc.get("cpu", quantity::milli)?,
         memory_bytes: alloc.get("memory", quantity::units)?,
     };
+    let max_pods = alloc.count("pods")?;
+    let mut extended_allocatable = BTreeMap::new();
+    for name in map.keys().filter(|k| super::pod::is_other_resource(k)) {
+        let parse = if name.contains('/') { quantity::count } else { quantity::units };
+        extended_allocatable.insert(name.clone(), alloc.get(name, parse)?);
+    }
 
     let taints = spec
         .taints
@@ -268,6 +274,11 @@ pub fn convert_node(
             state,
             scale_down_disabled,
             telemetry,
+            max_pods,
+            pod_count: 0,
+            extended_allocatable,
+            extended_allocated: BTreeMap::new(),
+            host_ports: Vec::new(),
         },
         gpu_uuids: gpus.uuids,
     })

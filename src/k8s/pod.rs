@@ -36,6 +36,13 @@ pub struct EffectiveRequests {
     pub fields: BTreeMap<String, String>,
 }
 
+/// Whether kube-scheduler's NodeResourcesFit checks `name` as a plain count against the node and
+/// nothing else models it: not CPU, memory or pods, and not a GPU form (`nvidia.com/*`, which
+/// [`crate::model::GpuDemand`] and the node's GPU devices model with their sharing semantics).
+pub(crate) fn is_other_resource(name: &str) -> bool {
+    !matches!(name, "cpu" | "memory" | "pods") && !name.starts_with("nvidia.com/")
+}
+
 fn is_extended(name: &str) -> bool {
     name.contains('/') && !name.starts_with("kubernetes.io/") && !name.contains(".kubernetes.io/")
 }
@@ -402,6 +409,26 @@ fn owner_kind(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta)
     }
 }
 
+/// The host ports of the pod's containers and sidecars (restartable init containers), as
+/// kube-scheduler's NodePorts filter collects them.
+fn host_ports(spec: &k8s::PodSpec) -> Vec<crate::model::HostPort> {
+    let sidecars =
+        spec.init_containers.iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    spec.containers
+        .iter()
+        .chain(sidecars)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let port = u16::try_from(p.host_port?).ok().filter(|p| *p > 0)?;
+            Some(crate::model::HostPort {
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                ip: p.host_ip.clone().unwrap_or_default(),
+                port,
+            })
+        })
+        .collect()
+}
+
 /// Gang name (without namespace) and its own size hint, from the conventions of the
 /// coscheduling plugin, Volcano, LeaderWorkerSet, JobSet and Kubeflow, in that order.
 fn gang_of(
@@ -531,6 +558,13 @@ pub fn convert_pod(
         created_at: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         devices: None,
         reclaim_idle: is("gpuscale.io/reclaim-idle", "true"),
+        extended: requests
+            .amounts
+            .iter()
+            .filter(|(k, v)| **v > 0 && is_other_resource(k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+        host_ports: host_ports(&spec),
     };
     Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

@@ -133,6 +133,22 @@ pub struct Node {
     /// GPU telemetry the `gpuscale agent` published on the node (`gpuscale.io/gpu-telemetry`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<super::telemetry::NodeTelemetry>,
+    /// Most pods the node takes (allocatable `pods`); 0 = no limit known.
+    #[serde(default)]
+    pub max_pods: u32,
+    /// Pods on it.
+    #[serde(default)]
+    pub pod_count: u32,
+    /// Allocatable amounts of every resource other than CPU, memory, pods and GPUs (see
+    /// [`super::Workload::extended`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended_allocatable: BTreeMap<String, u64>,
+    /// What its pods request of those.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended_allocated: BTreeMap<String, u64>,
+    /// Host ports its pods bind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ports: Vec<super::workload::HostPort>,
 }
 
 impl Node {
@@ -170,6 +186,33 @@ impl Node {
     pub fn allocate(&mut self, requests: &Resources, devices: &DeviceAssignment) {
         self.allocated = self.allocated.saturating_add(requests);
         self.apply_devices(devices, true);
+    }
+
+    /// Records a pod on the node: [`Self::allocate`] plus its pod slot, extended resources and
+    /// host ports.
+    pub fn allocate_pod(&mut self, w: &super::Workload, devices: &DeviceAssignment) {
+        self.allocate(&w.requests, devices);
+        self.pod_count += 1;
+        for (k, v) in &w.extended {
+            *self.extended_allocated.entry(k.clone()).or_default() += v;
+        }
+        self.host_ports.extend(w.host_ports.iter().cloned());
+    }
+
+    /// Takes a pod off the node: the reverse of [`Self::allocate_pod`].
+    pub fn release_pod(&mut self, w: &super::Workload, devices: &DeviceAssignment) {
+        self.release(&w.requests, devices);
+        self.pod_count = self.pod_count.saturating_sub(1);
+        for (k, v) in &w.extended {
+            if let Some(a) = self.extended_allocated.get_mut(k) {
+                *a = a.saturating_sub(*v);
+            }
+        }
+        for p in &w.host_ports {
+            if let Some(i) = self.host_ports.iter().position(|x| x == p) {
+                self.host_ports.swap_remove(i);
+            }
+        }
     }
 
     /// Returns a workload's CPU, memory and devices to the node.

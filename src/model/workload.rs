@@ -166,6 +166,38 @@ pub struct Workload {
     /// but leaves idle count as free when deciding consolidation.
     #[serde(default)]
     pub reclaim_idle: bool,
+    /// Requests of every resource other than CPU, memory and the GPU forms [`Self::gpu`] models:
+    /// extended resources (`vpc.amazonaws.com/efa`, RDMA, vendor devices), `ephemeral-storage`,
+    /// `hugepages-*`. kube-scheduler's NodeResourcesFit checks each against the node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended: BTreeMap<String, u64>,
+    /// Host ports its containers bind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ports: Vec<HostPort>,
+}
+
+/// A host port a container binds (`ports[].hostPort`), as kube-scheduler's NodePorts filter
+/// compares them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HostPort {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// `hostIP`; empty or `0.0.0.0` binds every address.
+    #[serde(default)]
+    pub ip: String,
+    /// The port.
+    pub port: u16,
+}
+
+impl HostPort {
+    /// Whether two bindings collide: same protocol and port, and the same address or either on
+    /// every address.
+    pub fn conflicts(&self, other: &HostPort) -> bool {
+        let any = |ip: &str| ip.is_empty() || ip == "0.0.0.0";
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (self.ip == other.ip || any(&self.ip) || any(&other.ip))
+    }
 }
 
 /// The controller that owns a pod.

@@ -121,7 +121,7 @@ pub(crate) fn pack_fresh(
         let mut placed = false;
         for node in nodes.iter_mut() {
             if let Some(devices) = fit::candidates(node, w).ok().and_then(|c| c.into_iter().next()) {
-                node.allocate(&w.requests, &devices);
+                node.allocate_pod(w, &devices);
                 placed = true;
                 break;
             }
@@ -129,7 +129,7 @@ pub(crate) fn pack_fresh(
         if !placed && (nodes.len() as u32) < max_nodes {
             let mut node = template_node(group, String::new(), NodeState::Ready);
             if let Some(devices) = fit::candidates(&node, w).ok().and_then(|c| c.into_iter().next()) {
-                node.allocate(&w.requests, &devices);
+                node.allocate_pod(w, &devices);
                 nodes.push(node);
                 placed = true;
             }

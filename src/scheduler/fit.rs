@@ -20,17 +20,26 @@ pub enum Unfit {
     NoSuchGpu,
     /// The node's GPUs of that kind are taken.
     InsufficientGpu,
+    /// The node holds as many pods as its allocatable `pods` allows.
+    TooManyPods,
+    /// Not enough of an extended resource (EFA, RDMA, ephemeral storage, hugepages, ...).
+    InsufficientExtended,
+    /// A host port the pod binds is taken on the node.
+    HostPortTaken,
 }
 
 impl Unfit {
     /// Every reason, in declaration order (their `as usize` values index this array).
-    pub const ALL: [Unfit; 6] = [
+    pub const ALL: [Unfit; 9] = [
         Unfit::NodeUnschedulable,
         Unfit::NodeMismatch,
         Unfit::InsufficientCpu,
         Unfit::InsufficientMemory,
         Unfit::NoSuchGpu,
         Unfit::InsufficientGpu,
+        Unfit::TooManyPods,
+        Unfit::InsufficientExtended,
+        Unfit::HostPortTaken,
     ];
 
     /// A short reason for events and plans.
@@ -42,13 +51,30 @@ impl Unfit {
             Unfit::InsufficientMemory => "insufficient memory",
             Unfit::NoSuchGpu => "no GPU of the requested kind",
             Unfit::InsufficientGpu => "insufficient free GPU",
+            Unfit::TooManyPods => "too many pods",
+            Unfit::InsufficientExtended => "insufficient extended resource",
+            Unfit::HostPortTaken => "no free ports for the requested pod ports",
         }
     }
 }
 
-/// Checks everything but devices: state, labels, taints, model, CPU and memory.
+/// The taint kube-scheduler's NodeUnschedulable filter lets a pod tolerate to run on a cordoned
+/// node (DaemonSets carry it).
+const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// Checks everything but devices, as kube-scheduler's per-node filters do: NodeUnschedulable,
+/// NodeAffinity/TaintToleration (and the GPU model), NodeResourcesFit for CPU, memory, pods and
+/// every extended resource, NodePorts.
 pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
-    if node.unschedulable || node.state == NodeState::Deleting {
+    let tolerates_cordon = || {
+        let taint = crate::model::Taint {
+            key: UNSCHEDULABLE_TAINT.into(),
+            value: String::new(),
+            effect: crate::model::TaintEffect::NoSchedule,
+        };
+        workload.tolerations.iter().any(|t| t.tolerates(&taint))
+    };
+    if node.state == NodeState::Deleting || (node.unschedulable && !tolerates_cordon()) {
         return Err(Unfit::NodeUnschedulable);
     }
     if !workload.allowed_on(node) {
@@ -61,6 +87,19 @@ pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
     if workload.requests.memory_bytes > free.memory_bytes {
         return Err(Unfit::InsufficientMemory);
     }
+    if node.max_pods > 0 && node.pod_count >= node.max_pods {
+        return Err(Unfit::TooManyPods);
+    }
+    for (name, &want) in &workload.extended {
+        let have = node.extended_allocatable.get(name).copied().unwrap_or(0);
+        let used = node.extended_allocated.get(name).copied().unwrap_or(0);
+        if want > have.saturating_sub(used) {
+            return Err(Unfit::InsufficientExtended);
+        }
+    }
+    if workload.host_ports.iter().any(|p| node.host_ports.iter().any(|q| p.conflicts(q))) {
+        return Err(Unfit::HostPortTaken);
+    }
     Ok(())
 }
 
@@ -70,7 +109,7 @@ pub fn holds_all<'a>(node: &Node, pods: impl IntoIterator<Item = &'a Workload>) 
     let mut sim = node.clone();
     pods.into_iter().all(|w| match candidates(&sim, w).ok().and_then(|c| c.into_iter().next()) {
         Some(d) => {
-            sim.allocate(&w.requests, &d);
+            sim.allocate_pod(w, &d);
             true
         }
         None => false,
@@ -407,5 +446,70 @@ mod tests {
             candidates(&n, &ask(GpuDemand::Mig { profile: "9g.99gb".into(), count: 1 })),
             Err(Unfit::NoSuchGpu)
         );
+    }
+
+    fn port(protocol: &str, ip: &str, port: u16) -> crate::model::HostPort {
+        crate::model::HostPort { protocol: protocol.into(), ip: ip.into(), port }
+    }
+
+    /// kube-scheduler's NodePorts tests (`node_ports_test.go`, TestNodePorts): same port and
+    /// protocol on the same or any address conflicts; another protocol or another specific
+    /// address does not.
+    #[test]
+    fn host_ports_conflict_as_node_ports_decides() {
+        let mut n = node(0, GpuTopology::default());
+        let running = Workload { host_ports: vec![port("TCP", "127.0.0.1", 8080)], ..ask(GpuDemand::None) };
+        n.allocate_pod(&running, &DeviceAssignment::None);
+        let with = |p| Workload { host_ports: vec![p], ..ask(GpuDemand::None) };
+        assert_eq!(check_node(&n, &with(port("TCP", "127.0.0.1", 8080))), Err(Unfit::HostPortTaken));
+        assert_eq!(check_node(&n, &with(port("TCP", "0.0.0.0", 8080))), Err(Unfit::HostPortTaken));
+        assert_eq!(check_node(&n, &with(port("TCP", "", 8080))), Err(Unfit::HostPortTaken));
+        assert_eq!(check_node(&n, &with(port("UDP", "127.0.0.1", 8080))), Ok(()));
+        assert_eq!(check_node(&n, &with(port("TCP", "127.0.0.2", 8080))), Ok(()));
+        assert_eq!(check_node(&n, &with(port("TCP", "127.0.0.1", 8081))), Ok(()));
+        n.release_pod(&running, &DeviceAssignment::None);
+        assert_eq!(check_node(&n, &with(port("TCP", "0.0.0.0", 8080))), Ok(()), "freed with its pod");
+    }
+
+    /// NodeResourcesFit (`fit_test.go`, "too many resources fails due to pods" and the extended
+    /// resource cases): the pod limit, and each extended resource against what is left of it.
+    #[test]
+    fn the_pod_limit_and_extended_resources_are_checked_like_cpu() {
+        let mut n = node(0, GpuTopology::default());
+        n.max_pods = 2;
+        n.extended_allocatable.insert("vpc.amazonaws.com/efa".into(), 2);
+        let efa = |k: u64| Workload {
+            extended: [("vpc.amazonaws.com/efa".to_string(), k)].into(),
+            ..ask(GpuDemand::None)
+        };
+        assert_eq!(check_node(&n, &efa(3)), Err(Unfit::InsufficientExtended));
+        assert_eq!(check_node(&n, &efa(2)), Ok(()));
+        n.allocate_pod(&efa(1), &DeviceAssignment::None);
+        assert_eq!(check_node(&n, &efa(2)), Err(Unfit::InsufficientExtended), "one of two is taken");
+        let rdma = Workload { extended: [("rdma/ib".to_string(), 1)].into(), ..ask(GpuDemand::None) };
+        assert_eq!(check_node(&n, &rdma), Err(Unfit::InsufficientExtended), "a resource the node lacks");
+        n.allocate_pod(&ask(GpuDemand::None), &DeviceAssignment::None);
+        assert_eq!(check_node(&n, &ask(GpuDemand::None)), Err(Unfit::TooManyPods));
+        n.max_pods = 0;
+        assert_eq!(check_node(&n, &ask(GpuDemand::None)), Ok(()), "no limit known");
+    }
+
+    /// NodeUnschedulable (`node_unschedulable_test.go`): a cordoned node takes only pods that
+    /// tolerate `node.kubernetes.io/unschedulable:NoSchedule`.
+    #[test]
+    fn a_cordoned_node_takes_only_pods_tolerating_the_cordon() {
+        let mut n = node(0, GpuTopology::default());
+        n.unschedulable = true;
+        assert_eq!(check_node(&n, &ask(GpuDemand::None)), Err(Unfit::NodeUnschedulable));
+        let tolerant = Workload {
+            tolerations: vec![crate::model::Toleration {
+                key: UNSCHEDULABLE_TAINT.into(),
+                operator: crate::model::TolerationOperator::Exists,
+                effect: Some(crate::model::TaintEffect::NoSchedule),
+                ..Default::default()
+            }],
+            ..ask(GpuDemand::None)
+        };
+        assert_eq!(check_node(&n, &tolerant), Ok(()));
     }
 }

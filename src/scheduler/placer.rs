@@ -335,13 +335,13 @@ impl<'p> Placer<'p> {
 
     /// Records an allocation decided elsewhere (e.g. a running pod) on its node.
     pub fn commit(&mut self, workload: &Workload, placement: &Placement) {
-        self.nodes[placement.node].allocate(&workload.requests, &placement.devices);
+        self.nodes[placement.node].allocate_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }
 
     /// Removes an allocation (a departed or evicted workload).
     pub fn release(&mut self, workload: &Workload, placement: &Placement) {
-        self.nodes[placement.node].release(&workload.requests, &placement.devices);
+        self.nodes[placement.node].release_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }
 

@@ -382,7 +382,7 @@ pub fn static_peak_nodes(jobs: &Jobs, groups: &[NodeGroup]) -> BTreeMap<usize, u
     by_price.sort_by_key(|&g| (groups[g].price, g));
     for w in set {
         if let Some((ni, devices)) = best_fit(nodes.iter().map(|(_, n)| n), w) {
-            nodes[ni].1.allocate(&w.requests, &devices);
+            nodes[ni].1.allocate_pod(w, &devices);
             continue;
         }
         for &gi in &by_price {
