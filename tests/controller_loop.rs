@@ -15,31 +15,11 @@ use gpuscale::controller::drain::DRAIN_EVICTED;
 use gpuscale::model::InstanceState;
 use gpuscale::planner::PlannerSettings;
 use gpuscale::providers::simulated::Operation;
-use harness::{fast_config, pod_json, Cluster};
+use harness::{fast_config, l4_providers, pod_json, Cluster};
 use serde_json::json;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// One simulated account, one group of 4-GPU L4 nodes.
-fn providers(target: u32) -> String {
-    format!(
-        r#"
-accounts:
-  - name: sim
-    provider: simulated
-    region: us-east-1
-    simulation: {{bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}
-    nodeGroups:
-      - name: gpu-l4
-        instanceType: g6.12xlarge
-        zones: [us-east-1a]
-        minSize: 0
-        maxSize: 4
-        targetSize: {target}
-"#
-    )
-}
 
 fn live_instances(c: &Cluster) -> Vec<String> {
     c.group("gpu-l4")
@@ -86,7 +66,7 @@ fn evictions(c: &Cluster, pod: &str, status: u16) -> usize {
 
 /// Two nodes: one runs a 3-GPU pod, the other a 1-GPU pod that fits beside it.
 async fn two_node_cluster(settings: Settings) -> (std::sync::Arc<Cluster>, String, String) {
-    let c = Cluster::start(&providers(2), settings).await;
+    let c = Cluster::start(&l4_providers(2, 4), settings).await;
     let mut nodes = c.register_all_ready();
     nodes.sort();
     let (busy, idle) = (nodes[0].clone(), nodes[1].clone());
@@ -184,7 +164,7 @@ fn pod_group(min: u32) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_scales_up_all_or_nothing() {
-    let c = Cluster::start(&providers(0), Settings::default()).await;
+    let c = Cluster::start(&l4_providers(0, 4), Settings::default()).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     c.server.create(pod_group(6));
     let replica = c.controller("a", fast_config(), no_scale_down());

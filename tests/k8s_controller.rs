@@ -15,32 +15,12 @@ use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON,
 use gpuscale::model::InstanceState;
 use gpuscale::planner::PlannerSettings;
 use gpuscale::providers::simulated::Operation;
-use kube_cluster::{fast_config, node_name, pod_json, KubeCluster};
+use kube_cluster::{fast_config, l4_providers, node_name, pod_json, KubeCluster};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(90);
-
-/// One simulated account, one group of 4-GPU L4 nodes.
-fn providers(target: u32, max: u32) -> String {
-    format!(
-        r#"
-accounts:
-  - name: sim
-    provider: simulated
-    region: us-east-1
-    simulation: {{bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}
-    nodeGroups:
-      - name: gpu-l4
-        instanceType: g6.12xlarge
-        zones: [us-east-1a]
-        minSize: 0
-        maxSize: {max}
-        targetSize: {target}
-"#
-    )
-}
 
 fn set_target_calls(c: &KubeCluster) -> Vec<(u32, u32)> {
     c.cloud
@@ -85,21 +65,13 @@ async fn running_on(c: &KubeCluster, pod: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node() {
-    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     for i in 0..3 {
         c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
     }
-    c.wait_until(WAIT, "all three pods running", || async {
-        for i in 0..3 {
-            if running_on(&c, &format!("train-{i}")).await.is_none() {
-                return false;
-            }
-        }
-        true
-    })
-    .await;
+    c.wait_until(WAIT, "all three pods running", || all_running(&c, "train", 3)).await;
     let live = c.live_instances("gpu-l4");
     assert_eq!(live.len(), 1, "one 4-GPU node holds three 1-GPU pods: {live:?}");
     for i in 0..3 {
@@ -132,7 +104,7 @@ async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node
 
 /// Two Ready nodes: one runs a 3-GPU pod, the other a 1-GPU pod that fits beside it.
 async fn two_node_cluster() -> (Arc<KubeCluster>, String, String) {
-    let c = KubeCluster::start(&providers(2, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(2, 4), Options::default()).await;
     let nodes = c.register_all_ready().await;
     let (busy, idle) = (nodes[0].clone(), nodes[1].clone());
     c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&busy))).await;
@@ -248,7 +220,7 @@ async fn a_controller_restart_mid_drain_resumes_without_losing_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_one_real_lease_and_only_the_leader_acts() {
-    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let a = c.controller("a", fast_config(), no_scale_down(), false).await;
     let b = c.controller("b", fast_config(), no_scale_down(), false).await;
@@ -260,15 +232,7 @@ async fn two_replicas_share_one_real_lease_and_only_the_leader_acts() {
     for i in 0..6 {
         c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
     }
-    c.wait_until(WAIT, "all pods running", || async {
-        for i in 0..6 {
-            if running_on(&c, &format!("train-{i}")).await.is_none() {
-                return false;
-            }
-        }
-        true
-    })
-    .await;
+    c.wait_until(WAIT, "all pods running", || all_running(&c, "train", 6)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = c.get(lease_path).await.unwrap()["spec"]["holderIdentity"].as_str().unwrap().to_string();
     let follower = if leader == "a" { "b" } else { "a" };
@@ -328,7 +292,7 @@ async fn dry_run_plans_on_the_real_server_and_writes_nothing_but_its_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_charts_rbac_the_controller_fails_loudly() {
-    let c = KubeCluster::start(&providers(0, 4), Options { scheduler: false, ..Default::default() }).await;
+    let c = KubeCluster::start(&l4_providers(0, 4), Options { scheduler: false, ..Default::default() }).await;
     let client = c.controller_client("norbac", false).await;
     let replica =
         fixtures::spawn_replica(client, c.cloud.clone(), "norbac", fast_config(), no_scale_down(), false);
@@ -345,7 +309,7 @@ async fn without_the_charts_rbac_the_controller_fails_loudly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gang_scale_up_is_all_or_nothing_on_the_real_server() {
     // Three 4-GPU workers of one gang need three nodes; the group can grow by two at most.
-    let c = KubeCluster::start(&providers(0, 2), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 2), Options::default()).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     for i in 0..3 {
@@ -374,7 +338,7 @@ async fn gang_scale_up_is_all_or_nothing_on_the_real_server() {
 /// registration). Printed, not asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_pending_gpu_pods_are_bound_on_added_nodes() {
-    let c = KubeCluster::start(&providers(0, 30), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 30), Options::default()).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     let began = Instant::now();
@@ -405,10 +369,10 @@ async fn a_hundred_pending_gpu_pods_are_bound_on_added_nodes() {
     c.assert_rbac_allowed("a");
 }
 
-/// The pods `train-0..n` all Running.
-async fn all_running(c: &KubeCluster, n: usize) -> bool {
+/// The pods `<prefix>-0..n` all Running.
+async fn all_running(c: &KubeCluster, prefix: &str, n: usize) -> bool {
     for i in 0..n {
-        if running_on(c, &format!("train-{i}")).await.is_none() {
+        if running_on(c, &format!("{prefix}-{i}")).await.is_none() {
             return false;
         }
     }
@@ -418,7 +382,8 @@ async fn all_running(c: &KubeCluster, n: usize) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_crash_mid_scale_up_with_compacted_history_neither_loses_nor_doubles() {
     // Watches go to etcd, so a watch resumed below the compacted revision gets `410 Gone`.
-    let c = KubeCluster::start(&providers(0, 4), Options { watch_cache: false, ..Default::default() }).await;
+    let c =
+        KubeCluster::start(&l4_providers(0, 4), Options { watch_cache: false, ..Default::default() }).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 2);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     for i in 0..3 {
@@ -432,7 +397,7 @@ async fn an_api_server_crash_mid_scale_up_with_compacted_history_neither_loses_n
     for i in 3..7 {
         c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
     }
-    c.wait_until(WAIT, "all seven pods running", || all_running(&c, 7)).await;
+    c.wait_until(WAIT, "all seven pods running", || all_running(&c, "train", 7)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         set_target_calls(&c),
@@ -455,14 +420,15 @@ async fn an_api_server_crash_mid_scale_up_with_compacted_history_neither_loses_n
 async fn a_throttling_api_server_slows_the_controller_but_it_converges() {
     // Two requests in flight at most (the built-in limiter, priority and fairness off): the
     // controller, kube-scheduler and the kubelets all get 429s with Retry-After.
-    let c = KubeCluster::start(&providers(0, 4), Options { max_requests_inflight: 2, ..Default::default() })
-        .await;
+    let c =
+        KubeCluster::start(&l4_providers(0, 4), Options { max_requests_inflight: 2, ..Default::default() })
+            .await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     for i in 0..6 {
         c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
     }
-    c.wait_until(Duration::from_secs(180), "all six pods running", || all_running(&c, 6)).await;
+    c.wait_until(Duration::from_secs(180), "all six pods running", || all_running(&c, "train", 6)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(set_target_calls(&c), vec![(0, 2)]);
     let throttled = c.cp.audit().iter().filter(|e| e.code == 429).count();
@@ -478,24 +444,15 @@ fn gang_pod(i: usize) -> serde_json::Value {
     p
 }
 
-async fn gang_running(c: &KubeCluster, n: usize) -> bool {
-    for i in 0..n {
-        if running_on(c, &format!("worker-{i}")).await.is_none() {
-            return false;
-        }
-    }
-    true
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_scales_up_at_once_and_kube_scheduler_binds_every_member() {
-    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     for i in 0..4 {
         c.create(gang_pod(i)).await;
     }
-    c.wait_until(WAIT, "the whole gang running", || gang_running(&c, 4)).await;
+    c.wait_until(WAIT, "the whole gang running", || all_running(&c, "worker", 4)).await;
     assert_eq!(set_target_calls(&c), vec![(0, 2)], "four 2-GPU workers: two 4-GPU nodes in one step");
     replica.shutdown().await.unwrap();
     driver.abort();
@@ -504,7 +461,7 @@ async fn a_gang_scales_up_at_once_and_kube_scheduler_binds_every_member() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
-    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
     // The zone has room for one node; the gang needs two.
     c.cloud.set_zone_capacity("us-east-1a", Some(1));
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
@@ -541,7 +498,7 @@ async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_whose_nodes_never_register_are_removed_and_the_group_backed_off() {
-    let c = KubeCluster::start(&providers(0, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
     c.register.store(false, std::sync::atomic::Ordering::Relaxed);
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let config = kube_cluster::ControllerConfig { registration_timeout_seconds: 2.0, ..fast_config() };

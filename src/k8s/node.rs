@@ -279,6 +279,7 @@ pub fn convert_node(
             extended_allocatable,
             extended_allocated: BTreeMap::new(),
             host_ports: Vec::new(),
+            residents: Vec::new(),
         },
         gpu_uuids: gpus.uuids,
     })

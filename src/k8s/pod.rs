@@ -4,8 +4,8 @@
 use super::error::{ObjCtx, SnapshotError};
 use super::quantity;
 use crate::model::{
-    GpuCatalog, GpuDemand, NodeSelectorRequirement, OwnerKind, Resources, SelectorOperator, TaintEffect,
-    Toleration, TolerationOperator, Workload,
+    GpuCatalog, GpuDemand, LabelSelector, NodeSelectorRequirement, OwnerKind, PodAffinityTerm, PodIdentity,
+    Resources, SelectorOperator, SpreadConstraint, TaintEffect, Toleration, TolerationOperator, Workload,
 };
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -303,6 +303,141 @@ fn selector_operator(ctx: &ObjCtx<'_>, field: &str, op: &str) -> Result<Selector
     })
 }
 
+/// A label selector, with `matchLabelKeys` (`In` the pod's own value) and `mismatchLabelKeys`
+/// (`NotIn` it) merged in, as kube-scheduler merges them; `None` selects nothing.
+fn label_selector(
+    ctx: &ObjCtx<'_>,
+    field: &str,
+    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    match_keys: &[String],
+    mismatch_keys: &[String],
+    own: &BTreeMap<String, String>,
+) -> Result<Option<LabelSelector>, SnapshotError> {
+    let Some(sel) = selector else { return Ok(None) };
+    let mut out = LabelSelector {
+        match_labels: sel.match_labels.clone().unwrap_or_default(),
+        match_expressions: Vec::new(),
+    };
+    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
+        out.match_expressions.push(NodeSelectorRequirement {
+            key: e.key.clone(),
+            operator: selector_operator(
+                ctx,
+                &format!("{field}.matchExpressions[{i}].operator"),
+                &e.operator,
+            )?,
+            values: e.values.clone().unwrap_or_default(),
+        });
+    }
+    for (keys, operator) in [(match_keys, SelectorOperator::In), (mismatch_keys, SelectorOperator::NotIn)] {
+        for k in keys {
+            if let Some(v) = own.get(k) {
+                out.match_expressions.push(NodeSelectorRequirement {
+                    key: k.clone(),
+                    operator,
+                    values: vec![v.clone()],
+                });
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Required pod affinity and anti-affinity terms. Namespaces: the listed ones, the pod's own when
+/// neither a list nor a `namespaceSelector` is given, every namespace for an empty selector or one
+/// on `kubernetes.io/metadata.name` (evaluated); other namespace selectors need namespace labels a
+/// snapshot lacks, so they count every namespace, with a warning.
+fn pod_affinity_terms(
+    ctx: &ObjCtx<'_>,
+    field: &str,
+    terms: Option<&Vec<k8s::PodAffinityTerm>>,
+    namespace: &str,
+    own: &BTreeMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<PodAffinityTerm>, SnapshotError> {
+    let mut out = Vec::new();
+    for (i, t) in terms.into_iter().flatten().enumerate() {
+        let f = format!("{field}[{i}]");
+        let Some(selector) = label_selector(
+            ctx,
+            &format!("{f}.labelSelector"),
+            t.label_selector.as_ref(),
+            t.match_label_keys.as_deref().unwrap_or_default(),
+            t.mismatch_label_keys.as_deref().unwrap_or_default(),
+            own,
+        )?
+        else {
+            continue; // a term without a selector selects no pod
+        };
+        let mut namespaces = t.namespaces.clone().unwrap_or_default();
+        match &t.namespace_selector {
+            None if namespaces.is_empty() => namespaces.push(namespace.to_string()),
+            None => {}
+            Some(ns) => {
+                let by_name = ns.match_expressions.is_none()
+                    && ns
+                        .match_labels
+                        .as_ref()
+                        .is_some_and(|m| m.len() == 1 && m.contains_key("kubernetes.io/metadata.name"));
+                if by_name {
+                    namespaces.extend(ns.match_labels.as_ref().unwrap().values().cloned());
+                } else if ns.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+                    || ns.match_expressions.as_ref().is_some_and(|e| !e.is_empty())
+                {
+                    warnings.push(ctx.warning(format!(
+                        "{f}.namespaceSelector needs namespace labels the snapshot does not have; counting every namespace"
+                    )));
+                    namespaces.clear();
+                } else {
+                    namespaces.clear(); // `{}`: every namespace
+                }
+            }
+        }
+        out.push(PodAffinityTerm { selector, namespaces, topology_key: t.topology_key.clone() });
+    }
+    Ok(out)
+}
+
+/// `DoNotSchedule` topology spread constraints (`ScheduleAnyway` ones only score).
+fn spread_constraints(
+    ctx: &ObjCtx<'_>,
+    spec: &k8s::PodSpec,
+    own: &BTreeMap<String, String>,
+) -> Result<Vec<SpreadConstraint>, SnapshotError> {
+    let mut out = Vec::new();
+    for (i, c) in spec.topology_spread_constraints.iter().flatten().enumerate() {
+        if c.when_unsatisfiable != "DoNotSchedule" {
+            continue;
+        }
+        let f = format!("spec.topologySpreadConstraints[{i}]");
+        let selector = label_selector(
+            ctx,
+            &format!("{f}.labelSelector"),
+            c.label_selector.as_ref(),
+            c.match_label_keys.as_deref().unwrap_or_default(),
+            &[],
+            own,
+        )?
+        .unwrap_or(LabelSelector {
+            // No selector counts no pods: the constraint is met everywhere.
+            match_labels: BTreeMap::from([("gpuscale.io/no-pod-has-this".to_string(), String::new())]),
+            match_expressions: Vec::new(),
+        });
+        let max_skew = u32::try_from(c.max_skew).ok().filter(|s| *s > 0).ok_or_else(|| {
+            ctx.invalid(format!("{f}.maxSkew"), c.max_skew.to_string(), "must be a positive integer")
+        })?;
+        out.push(SpreadConstraint {
+            max_skew,
+            topology_key: c.topology_key.clone(),
+            selector,
+            min_domains: c.min_domains.and_then(|m| u32::try_from(m).ok()).unwrap_or(1).max(1),
+            honor_node_affinity: c.node_affinity_policy.as_deref() != Some("Ignore"),
+            honor_node_taints: c.node_taints_policy.as_deref() == Some("Honor"),
+        });
+    }
+    Ok(out)
+}
+
 fn affinity_terms(
     ctx: &ObjCtx<'_>,
     spec: &k8s::PodSpec,
@@ -535,6 +670,19 @@ pub fn convert_pod(
         })
         .unwrap_or_default();
 
+    let labels_for_terms = labels.clone();
+    let pod_affinity = spec.affinity.as_ref().and_then(|a| a.pod_affinity.as_ref());
+    let anti_affinity = pod_affinity_terms(
+        &ctx,
+        "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        spec.affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
+        &namespace,
+        &labels,
+        warnings,
+    )?;
     let workload = Workload {
         id: format!("{namespace}/{name}"),
         requests: Resources { cpu_milli: amount("cpu"), memory_bytes: amount("memory") },
@@ -565,6 +713,21 @@ pub fn convert_pod(
             .map(|(k, v)| (k.clone(), *v))
             .collect(),
         host_ports: host_ports(&spec),
+        pod_affinity: pod_affinity_terms(
+            &ctx,
+            "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+            pod_affinity.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
+            &namespace,
+            &labels_for_terms,
+            warnings,
+        )?,
+        pod_anti_affinity: anti_affinity.clone(),
+        spread: spread_constraints(&ctx, &spec, &labels_for_terms)?,
+        identity: Some(std::sync::Arc::new(PodIdentity {
+            namespace: namespace.clone(),
+            labels: labels_for_terms.clone(),
+            anti_affinity,
+        })),
     };
     Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

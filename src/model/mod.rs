@@ -25,6 +25,6 @@ pub use telemetry::{
     GpuSample, IdleTracker, MigSample, NodeTelemetry, TelemetrySettings, TELEMETRY_ANNOTATION,
 };
 pub use workload::{
-    DisruptionBudget, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind, SelectorOperator,
-    Toleration, TolerationOperator, Workload, WorkloadId,
+    DisruptionBudget, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind, PodAffinityTerm,
+    PodIdentity, SelectorOperator, SpreadConstraint, Toleration, TolerationOperator, Workload, WorkloadId,
 };

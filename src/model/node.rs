@@ -149,6 +149,9 @@ pub struct Node {
     /// Host ports its pods bind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<super::workload::HostPort>,
+    /// The pods on it that pod affinity and spread can see (derived, not serialised).
+    #[serde(skip)]
+    pub residents: Vec<std::sync::Arc<super::workload::PodIdentity>>,
 }
 
 impl Node {
@@ -197,6 +200,9 @@ impl Node {
             *self.extended_allocated.entry(k.clone()).or_default() += v;
         }
         self.host_ports.extend(w.host_ports.iter().cloned());
+        if let Some(id) = &w.identity {
+            self.residents.push(id.clone());
+        }
     }
 
     /// Takes a pod off the node: the reverse of [`Self::allocate_pod`].
@@ -211,6 +217,11 @@ impl Node {
         for p in &w.host_ports {
             if let Some(i) = self.host_ports.iter().position(|x| x == p) {
                 self.host_ports.swap_remove(i);
+            }
+        }
+        if let Some(id) = &w.identity {
+            if let Some(i) = self.residents.iter().position(|x| std::sync::Arc::ptr_eq(x, id)) {
+                self.residents.swap_remove(i);
             }
         }
     }

@@ -174,6 +174,19 @@ pub struct Workload {
     /// Host ports its containers bind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<HostPort>,
+    /// Required pod affinity terms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_affinity: Vec<PodAffinityTerm>,
+    /// Required pod anti-affinity terms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_anti_affinity: Vec<PodAffinityTerm>,
+    /// `DoNotSchedule` topology spread constraints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread: Vec<SpreadConstraint>,
+    /// Namespace, labels and anti-affinity as nodes record them; `None` for workloads no pod
+    /// affinity can see (traces). Derived by the conversion, not serialised.
+    #[serde(skip)]
+    pub identity: Option<std::sync::Arc<PodIdentity>>,
 }
 
 /// A host port a container binds (`ports[].hostPort`), as kube-scheduler's NodePorts filter
@@ -198,6 +211,57 @@ impl HostPort {
             && self.protocol == other.protocol
             && (self.ip == other.ip || any(&self.ip) || any(&other.ip))
     }
+}
+
+/// A required pod (anti-)affinity term: the pods it selects, in which namespaces, over which
+/// topology domain (`topologyKey`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PodAffinityTerm {
+    /// Pods selected (`labelSelector`, with `matchLabelKeys`/`mismatchLabelKeys` already merged
+    /// in from the pod's own labels).
+    pub selector: LabelSelector,
+    /// Namespaces searched; empty = every namespace (an empty `namespaceSelector`).
+    pub namespaces: Vec<String>,
+    /// Node label whose value is the domain.
+    pub topology_key: String,
+}
+
+impl PodAffinityTerm {
+    /// Whether a pod in `namespace` with `labels` is one the term selects.
+    pub fn selects(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace))
+            && self.selector.matches(labels)
+    }
+}
+
+/// A `whenUnsatisfiable: DoNotSchedule` topology spread constraint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpreadConstraint {
+    /// `maxSkew`.
+    pub max_skew: u32,
+    /// Node label whose value is the domain.
+    pub topology_key: String,
+    /// Pods counted (in the pod's namespace), `matchLabelKeys` merged in.
+    pub selector: LabelSelector,
+    /// `minDomains` (1 when unset).
+    pub min_domains: u32,
+    /// `nodeAffinityPolicy: Honor` (the default): only nodes the pod's node selector and
+    /// required affinity accept are domains.
+    pub honor_node_affinity: bool,
+    /// `nodeTaintsPolicy: Honor`: only nodes whose taints the pod tolerates are domains.
+    pub honor_node_taints: bool,
+}
+
+/// What other pods' placement needs to know about a pod on a node: its namespace, labels and
+/// required anti-affinity (the symmetric check). Shared, so nodes record it cheaply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PodIdentity {
+    /// Namespace.
+    pub namespace: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its required anti-affinity terms.
+    pub anti_affinity: Vec<PodAffinityTerm>,
 }
 
 /// The controller that owns a pod.
@@ -263,17 +327,26 @@ impl Workload {
     /// Whether the node's labels, taints and GPU model allow the workload, regardless of free
     /// capacity. These are the static checks that can be decided once per node shape.
     pub fn allowed_on(&self, node: &Node) -> bool {
-        self.node_selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
-            && (self.affinity_terms.is_empty()
-                || self.affinity_terms.iter().any(|term| term.iter().all(|r| r.matches(&node.labels))))
-            && node
-                .taints
-                .iter()
-                .filter(|t| t.effect != TaintEffect::PreferNoSchedule)
-                .all(|t| self.tolerations.iter().any(|tol| tol.tolerates(t)))
+        self.allowed_by_node_affinity(node)
+            && self.tolerates_taints_of(node)
             && (self.gpu.is_none()
                 || self.gpu_models.is_empty()
                 || node.gpu_model.as_ref().is_some_and(|m| self.gpu_models.contains(m)))
+    }
+
+    /// Whether the node's labels satisfy `spec.nodeSelector` and the required node affinity.
+    pub fn allowed_by_node_affinity(&self, node: &Node) -> bool {
+        self.node_selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
+            && (self.affinity_terms.is_empty()
+                || self.affinity_terms.iter().any(|term| term.iter().all(|r| r.matches(&node.labels))))
+    }
+
+    /// Whether the workload tolerates every `NoSchedule` and `NoExecute` taint of the node.
+    pub fn tolerates_taints_of(&self, node: &Node) -> bool {
+        node.taints
+            .iter()
+            .filter(|t| t.effect != TaintEffect::PreferNoSchedule)
+            .all(|t| self.tolerations.iter().any(|tol| tol.tolerates(t)))
     }
 }
 

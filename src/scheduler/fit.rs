@@ -26,11 +26,19 @@ pub enum Unfit {
     InsufficientExtended,
     /// A host port the pod binds is taken on the node.
     HostPortTaken,
+    /// No pod its required pod affinity asks for in the node's domain.
+    PodAffinity,
+    /// A pod its required anti-affinity repels is in the node's domain.
+    PodAntiAffinity,
+    /// A running pod's required anti-affinity repels it from the node's domain.
+    ExistingAntiAffinity,
+    /// Placing it there would exceed a topology spread constraint's maximum skew.
+    TopologySpread,
 }
 
 impl Unfit {
     /// Every reason, in declaration order (their `as usize` values index this array).
-    pub const ALL: [Unfit; 9] = [
+    pub const ALL: [Unfit; 13] = [
         Unfit::NodeUnschedulable,
         Unfit::NodeMismatch,
         Unfit::InsufficientCpu,
@@ -40,6 +48,10 @@ impl Unfit {
         Unfit::TooManyPods,
         Unfit::InsufficientExtended,
         Unfit::HostPortTaken,
+        Unfit::PodAffinity,
+        Unfit::PodAntiAffinity,
+        Unfit::ExistingAntiAffinity,
+        Unfit::TopologySpread,
     ];
 
     /// A short reason for events and plans.
@@ -54,6 +66,10 @@ impl Unfit {
             Unfit::TooManyPods => "too many pods",
             Unfit::InsufficientExtended => "insufficient extended resource",
             Unfit::HostPortTaken => "no free ports for the requested pod ports",
+            Unfit::PodAffinity => "didn't match pod affinity rules",
+            Unfit::PodAntiAffinity => "didn't match pod anti-affinity rules",
+            Unfit::ExistingAntiAffinity => "didn't satisfy existing pods anti-affinity rules",
+            Unfit::TopologySpread => "didn't match pod topology spread constraints",
         }
     }
 }

@@ -6,6 +6,7 @@
 //! its allocations change. Everything here is pure: no clock, no I/O, randomness from a seed.
 
 pub mod fit;
+pub mod interpod;
 pub mod placer;
 pub mod policy;
 mod view;

@@ -33,6 +33,8 @@ struct ShapeKey {
     node_selector: BTreeMap<String, String>,
     affinity_terms: Vec<Vec<NodeSelectorRequirement>>,
     tolerations: Vec<Toleration>,
+    extended: BTreeMap<String, u64>,
+    host_ports: Vec<crate::model::HostPort>,
 }
 
 impl ShapeKey {
@@ -44,6 +46,8 @@ impl ShapeKey {
             node_selector: w.node_selector.clone(),
             affinity_terms: w.affinity_terms.clone(),
             tolerations: w.tolerations.clone(),
+            extended: w.extended.clone(),
+            host_ports: w.host_ports.clone(),
         }
     }
 }
@@ -82,6 +86,9 @@ pub struct Placer<'p> {
     class_keys: HashMap<u64, u32>,
     /// `static_fit[shape][class]`: whether the shape fits an empty node of the class at all.
     static_fit: Vec<Vec<Option<bool>>>,
+    /// Pods on the nodes with required anti-affinity: while there are none, pods without affinity
+    /// terms or spread constraints skip the cluster-wide filters.
+    anti_holders: usize,
 }
 
 /// Hash of what decides whether a shape can ever run on a node.
@@ -94,6 +101,8 @@ fn static_key(node: &Node) -> u64 {
     node.gpu_model.hash(&mut h);
     node.unschedulable.hash(&mut h);
     node.state.hash(&mut h);
+    node.max_pods.hash(&mut h);
+    node.extended_allocatable.hash(&mut h);
     for d in &node.gpus {
         d.memory_mib.hash(&mut h);
         match &d.mode {
@@ -115,6 +124,10 @@ fn static_key(node: &Node) -> u64 {
 fn emptied(node: &Node) -> Node {
     let mut n = node.clone();
     n.allocated = Resources::default();
+    n.pod_count = 0;
+    n.extended_allocated.clear();
+    n.host_ports.clear();
+    n.residents.clear();
     for d in &mut n.gpus {
         d.used_milli = 0;
         d.used_memory_mib = 0;
@@ -153,6 +166,7 @@ impl<'p> Placer<'p> {
             class_reps: Vec::new(),
             class_keys: HashMap::new(),
             static_fit: Vec::new(),
+            anti_holders: 0,
         };
         for node in nodes {
             placer.push_node(node);
@@ -161,6 +175,7 @@ impl<'p> Placer<'p> {
     }
 
     fn push_node(&mut self, node: Node) -> NodeId {
+        self.anti_holders += node.residents.iter().filter(|r| !r.anti_affinity.is_empty()).count();
         let key = static_key(&node);
         let id = self.nodes.len();
         let next = self.class_reps.len() as u32;
@@ -244,6 +259,9 @@ impl<'p> Placer<'p> {
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
         let shape = self.shape_index(workload);
+        // Pod affinity and spread depend on the whole cluster, not on the node and shape: judged
+        // afresh for each workload, never cached.
+        let interpod = super::interpod::verdicts(&self.nodes, workload, self.anti_holders);
         let mut best = f64::NEG_INFINITY;
         let mut chosen: Option<NodeId> = None;
         let mut ties = 0u32;
@@ -257,6 +275,10 @@ impl<'p> Placer<'p> {
                 break;
             }
             if !allowed(id) {
+                continue;
+            }
+            if let Some(Err(u)) = interpod.as_ref().map(|v| v[id]) {
+                reasons[u as usize] += 1;
                 continue;
             }
             if let Some(s) = shape {
@@ -335,12 +357,15 @@ impl<'p> Placer<'p> {
 
     /// Records an allocation decided elsewhere (e.g. a running pod) on its node.
     pub fn commit(&mut self, workload: &Workload, placement: &Placement) {
+        self.anti_holders += usize::from(!workload.pod_anti_affinity.is_empty());
         self.nodes[placement.node].allocate_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }
 
     /// Removes an allocation (a departed or evicted workload).
     pub fn release(&mut self, workload: &Workload, placement: &Placement) {
+        self.anti_holders =
+            self.anti_holders.saturating_sub(usize::from(!workload.pod_anti_affinity.is_empty()));
         self.nodes[placement.node].release_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }

@@ -153,6 +153,26 @@ pub struct Replica {
     pub recorder: Arc<Recorder>,
 }
 
+/// One simulated account, one group of 4-GPU L4 nodes.
+pub fn l4_providers(target: u32, max: u32) -> String {
+    format!(
+        r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {{bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}
+    nodeGroups:
+      - name: gpu-l4
+        instanceType: g6.12xlarge
+        zones: [us-east-1a]
+        minSize: 0
+        maxSize: {max}
+        targetSize: {target}
+"#
+    )
+}
+
 /// Controller settings with test-sized windows.
 pub fn fast_config() -> ControllerConfig {
     let d = ControllerConfig::default();
