@@ -580,3 +580,85 @@ accounts:
     c.assert_rbac_allowed("a");
     c.assert_rbac_allowed("b");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_crash_mid_drain_neither_loses_pods_nor_deletes_twice() {
+    let (c, busy, idle) = two_node_cluster().await;
+    for i in 0..3 {
+        let mut p = pod_json("ml", &format!("side-{i}"), 0, Some("ReplicaSet"), Some(&idle));
+        // Pods that take their grace period to go, so the drain is caught in the middle.
+        p["spec"]["terminationGracePeriodSeconds"] = json!(3);
+        c.create(p).await;
+    }
+    let idle_instance = c.live_instances("gpu-l4").into_iter().find(|i| node_name(i) == idle).unwrap();
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), PlannerSettings::default(), false).await;
+    c.wait_until(WAIT, "the first eviction", || async {
+        c.cp.audit().iter().any(|e| e.subresource == "eviction" && e.code == 201)
+    })
+    .await;
+    c.cp.restart_apiserver(Duration::from_secs(2)).await;
+    c.wait_until(WAIT, "the drained node deleted", || async { c.node(&idle).await.is_none() }).await;
+    for pod in ["web", "side-0", "side-1", "side-2"] {
+        assert_eq!(evictions(&c, pod, 201), 1, "{pod} left once through the Eviction API");
+    }
+    assert!(c.pod("big").await.is_some() && c.node(&busy).await.is_some(), "the busy node and its pod stay");
+    assert_eq!(deleted_instances(&c), vec![vec![idle_instance]], "the instance deleted once");
+    assert_eq!(c.group("gpu-l4").target_size, 1);
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+/// A pod asking for `resource` (a MIG profile or a time-sliced replica), tolerating GPU taints.
+fn shared_gpu_pod(name: &str, resource: &str) -> serde_json::Value {
+    let mut p = pod_json("ml", name, 0, Some("Job"), None);
+    p["spec"]["containers"][0]["resources"]["requests"][resource] = json!("1");
+    p["spec"]["containers"][0]["resources"]["limits"][resource] = json!("1");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_and_time_sliced_groups_scale_for_their_pods_and_kube_scheduler_binds_them() {
+    let yaml = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: a100-mig, instanceType: p4d.24xlarge, zones: [us-east-1a], minSize: 0, maxSize: 2, targetSize: 0,
+         gpuSharing: {mig: all-1g.5gb}}
+      - {name: l4-ts, instanceType: g6.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 2, targetSize: 0,
+         gpuSharing: {timeSlicing: {replicas: 4}}}
+"#;
+    let c = KubeCluster::start(yaml, Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..3 {
+        c.create(shared_gpu_pod(&format!("mig-{i}"), "nvidia.com/mig-1g.5gb")).await;
+        c.create(shared_gpu_pod(&format!("ts-{i}"), "nvidia.com/gpu")).await;
+    }
+    c.wait_until(WAIT, "the MIG and time-sliced pods running", || async {
+        all_running(&c, "mig", 3).await && all_running(&c, "ts", 3).await
+    })
+    .await;
+    // One node of each: 56 1g.5gb slices hold three, four replicas of one L4 hold three.
+    assert_eq!(c.live_instances("a100-mig").len(), 1);
+    assert_eq!(c.live_instances("l4-ts").len(), 1);
+    let on = |prefix: &'static str| {
+        let c = &c;
+        async move {
+            let mut nodes = std::collections::BTreeSet::new();
+            for i in 0..3 {
+                nodes.insert(running_on(c, &format!("{prefix}-{i}")).await.unwrap());
+            }
+            nodes
+        }
+    };
+    assert_eq!(on("mig").await, [node_name(&c.live_instances("a100-mig")[0])].into());
+    assert_eq!(on("ts").await, [node_name(&c.live_instances("l4-ts")[0])].into());
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}

@@ -7,7 +7,7 @@ pub use gpuscale::controller::config::ControllerConfig;
 use gpuscale::controller::providers::ProviderSet;
 use gpuscale::controller::reconcile::{Controller, ControllerError, ControllerOptions};
 use gpuscale::controller::Observer;
-use gpuscale::model::{ClusterSnapshot, NodeGroup};
+use gpuscale::model::{ClusterSnapshot, GpuMode, NodeGroup};
 use gpuscale::planner::{Plan, PlannerSettings};
 use gpuscale::providers::simulated::SimulatedCloud;
 use serde_json::{json, Value};
@@ -50,8 +50,31 @@ pub fn node_json(group: &NodeGroup, instance: &str) -> Value {
         "memory": t.allocatable.memory_bytes.to_string(),
         "pods": "110",
     });
-    if !t.gpus.is_empty() {
-        resources["nvidia.com/gpu"] = json!(t.gpus.len().to_string());
+    // As the NVIDIA device plugin advertises them: whole GPUs, time-sliced replicas (with the
+    // replica count label GFD sets), or MIG instances per profile (mixed strategy).
+    let mut mig: BTreeMap<String, u32> = BTreeMap::new();
+    let mut whole = 0u32;
+    for d in &t.gpus {
+        match &d.mode {
+            GpuMode::Standard => whole += 1,
+            GpuMode::TimeSliced { replicas } => {
+                whole += replicas;
+                labels.insert("nvidia.com/gpu.replicas".into(), replicas.to_string());
+                labels.insert("nvidia.com/gpu.count".into(), t.gpus.len().to_string());
+            }
+            GpuMode::Mig { instances, .. } => {
+                labels.insert("nvidia.com/mig.strategy".into(), "mixed".into());
+                for i in instances {
+                    *mig.entry(format!("nvidia.com/mig-{}", i.placement.profile)).or_default() += 1;
+                }
+            }
+        }
+    }
+    if whole > 0 {
+        resources["nvidia.com/gpu"] = json!(whole.to_string());
+    }
+    for (k, n) in mig {
+        resources[k] = json!(n.to_string());
     }
     let taints: Vec<Value> = t
         .taints
