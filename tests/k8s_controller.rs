@@ -125,6 +125,14 @@ async fn an_underused_node_is_drained_through_the_eviction_api_and_deleted() {
     assert_eq!(deleted_instances(&c), vec![vec![idle_instance.clone()]], "that exact instance was deleted");
     assert_eq!(c.group("gpu-l4").target_size, 1);
     assert!(replica.recorder.with_prefix("drain_started").iter().any(|l| l.contains(&idle)));
+    // Events on the (cluster-scoped) node go to `default`, and the server took every event.
+    let events: Vec<_> =
+        c.requests_of("a").into_iter().filter(|e| e.resource == "events" && e.verb == "create").collect();
+    assert!(
+        events.iter().any(|e| e.namespace == "default" && e.code == 201),
+        "no node event in default: {events:?}"
+    );
+    assert!(events.iter().all(|e| e.code < 300), "rejected events: {events:?}");
     replica.shutdown().await.unwrap();
     driver.abort();
     c.assert_rbac_allowed("a");
