@@ -117,3 +117,36 @@ fn simulate_rejects_a_bad_trace_row_with_file_line_and_field() {
     let err = text(&out.stderr);
     assert!(err.contains("nodes.csv") && err.contains("line 3") && err.contains("memory_mib"), "{err}");
 }
+
+/// `run --dry-run` takes no part in the election, so it needs no identity: without one it goes
+/// on to look for the cluster (and here fails there, on a kubeconfig that does not exist). Logs to
+/// a pipe carry no colour codes.
+#[cfg(feature = "controller")]
+#[test]
+fn a_dry_run_needs_no_identity_and_logs_to_a_pipe_have_no_colour() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["run", "--dry-run", "--providers", "examples/providers/simulated.yaml"])
+        .env_remove("HOSTNAME")
+        .env_remove("POD_NAME")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("RUST_LOG", "trace")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs gpuscale");
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "no cluster here: {stderr}");
+    assert!(!stderr.contains("leader-election identity"), "{stderr}");
+    assert!(stderr.contains("Kubernetes API server"), "{stderr}");
+    assert!(stderr.contains("TRACE kube_client"), "a log line to check: {stderr}");
+    assert!(!stderr.contains('\x1b'), "colour codes in piped logs: {stderr:?}");
+    // Without --dry-run the identity is still required.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["run", "--providers", "examples/providers/simulated.yaml"])
+        .env_remove("HOSTNAME")
+        .env_remove("POD_NAME")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs gpuscale");
+    assert!(text(&out.stderr).contains("leader-election identity"), "{}", text(&out.stderr));
+}

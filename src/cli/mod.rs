@@ -50,11 +50,16 @@ enum Command {
     Run(run::RunArgs),
 }
 
-/// Sets up `tracing` output on stderr; `RUST_LOG` filters (default `info`).
+/// Sets up `tracing` output on stderr; `RUST_LOG` filters (default `info`); colour only on a
+/// terminal without `NO_COLOR`.
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal, and never when NO_COLOR is set (no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

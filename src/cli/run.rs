@@ -54,11 +54,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .or(file.controller.namespace.clone())
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .unwrap_or_else(|| "gpuscale-system".into());
-    let identity = match args.identity {
-        Some(i) => i,
-        None => std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).context(
-            "no leader-election identity: pass --identity or set POD_NAME (the pod name) or HOSTNAME",
-        )?,
+    let hostname = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty());
+    let identity = match (args.identity, hostname) {
+        (Some(i), _) | (None, Some(i)) => i,
+        // A dry run takes no part in the election: the name only labels its Events.
+        (None, None) if args.dry_run => "gpuscale-dry-run".to_string(),
+        (None, None) => anyhow::bail!(
+            "no leader-election identity: pass --identity or set POD_NAME (the pod name) or HOSTNAME"
+        ),
     };
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
