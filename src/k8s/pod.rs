@@ -314,21 +314,7 @@ fn label_selector(
     own: &BTreeMap<String, String>,
 ) -> Result<Option<LabelSelector>, SnapshotError> {
     let Some(sel) = selector else { return Ok(None) };
-    let mut out = LabelSelector {
-        match_labels: sel.match_labels.clone().unwrap_or_default(),
-        match_expressions: Vec::new(),
-    };
-    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
-        out.match_expressions.push(NodeSelectorRequirement {
-            key: e.key.clone(),
-            operator: selector_operator(
-                ctx,
-                &format!("{field}.matchExpressions[{i}].operator"),
-                &e.operator,
-            )?,
-            values: e.values.clone().unwrap_or_default(),
-        });
-    }
+    let mut out = super::policy::label_selector(ctx, field, sel)?;
     for (keys, operator) in [(match_keys, SelectorOperator::In), (mismatch_keys, SelectorOperator::NotIn)] {
         for k in keys {
             if let Some(v) = own.get(k) {
@@ -721,7 +707,6 @@ pub fn convert_pod(
             &labels_for_terms,
             warnings,
         )?,
-        pod_anti_affinity: anti_affinity.clone(),
         spread: spread_constraints(&ctx, &spec, &labels_for_terms)?,
         identity: Some(std::sync::Arc::new(PodIdentity {
             namespace: namespace.clone(),

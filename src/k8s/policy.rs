@@ -5,6 +5,37 @@ use crate::model::{DisruptionBudget, LabelSelector, NodeSelectorRequirement, Sel
 use k8s_openapi::api::policy::v1 as policy;
 use serde_json::Value;
 
+/// Converts a Kubernetes label selector (`matchLabels`, and `matchExpressions` with the four
+/// operators label selectors allow); `field` is its path for errors.
+pub(crate) fn label_selector(
+    ctx: &ObjCtx<'_>,
+    field: &str,
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) -> Result<LabelSelector, SnapshotError> {
+    let mut match_expressions = Vec::new();
+    for (i, e) in selector.match_expressions.iter().flatten().enumerate() {
+        let operator = match e.operator.as_str() {
+            "In" => SelectorOperator::In,
+            "NotIn" => SelectorOperator::NotIn,
+            "Exists" => SelectorOperator::Exists,
+            "DoesNotExist" => SelectorOperator::DoesNotExist,
+            other => {
+                return Err(ctx.invalid(
+                    format!("{field}.matchExpressions[{i}].operator"),
+                    other,
+                    "expected In, NotIn, Exists or DoesNotExist",
+                ))
+            }
+        };
+        match_expressions.push(NodeSelectorRequirement {
+            key: e.key.clone(),
+            operator,
+            values: e.values.clone().unwrap_or_default(),
+        });
+    }
+    Ok(LabelSelector { match_labels: selector.match_labels.clone().unwrap_or_default(), match_expressions })
+}
+
 /// Converts a PodDisruptionBudget; `None` for a budget with no selector, which covers no pod.
 pub fn convert_pdb(
     k: &policy::PodDisruptionBudget,
@@ -18,27 +49,7 @@ pub fn convert_pdb(
         warnings.push(ctx.warning("no spec.selector: the budget covers no pod; skipped"));
         return Ok(None);
     };
-    let mut match_expressions = Vec::new();
-    for (i, e) in selector.match_expressions.iter().flatten().enumerate() {
-        let operator = match e.operator.as_str() {
-            "In" => SelectorOperator::In,
-            "NotIn" => SelectorOperator::NotIn,
-            "Exists" => SelectorOperator::Exists,
-            "DoesNotExist" => SelectorOperator::DoesNotExist,
-            other => {
-                return Err(ctx.invalid(
-                    format!("spec.selector.matchExpressions[{i}].operator"),
-                    other,
-                    "expected In, NotIn, Exists or DoesNotExist",
-                ))
-            }
-        };
-        match_expressions.push(NodeSelectorRequirement {
-            key: e.key.clone(),
-            operator,
-            values: e.values.clone().unwrap_or_default(),
-        });
-    }
+    let selector = label_selector(&ctx, "spec.selector", selector)?;
     let disruptions_allowed = match k.status.as_ref().and_then(|s| s.disruptions_allowed) {
         Some(n) => u32::try_from(n.max(0)).unwrap_or(0),
         None => {
@@ -48,15 +59,7 @@ pub fn convert_pdb(
             0
         }
     };
-    Ok(Some(DisruptionBudget {
-        id: format!("{namespace}/{name}"),
-        namespace,
-        selector: LabelSelector {
-            match_labels: selector.match_labels.clone().unwrap_or_default(),
-            match_expressions,
-        },
-        disruptions_allowed,
-    }))
+    Ok(Some(DisruptionBudget { id: format!("{namespace}/{name}"), namespace, selector, disruptions_allowed }))
 }
 
 /// API versions of PodGroup objects: the scheduler-plugins coscheduling group (current and old

@@ -177,14 +177,11 @@ pub struct Workload {
     /// Required pod affinity terms.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_affinity: Vec<PodAffinityTerm>,
-    /// Required pod anti-affinity terms.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pod_anti_affinity: Vec<PodAffinityTerm>,
     /// `DoNotSchedule` topology spread constraints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spread: Vec<SpreadConstraint>,
-    /// Namespace, labels and anti-affinity as nodes record them; `None` for workloads no pod
-    /// affinity can see (traces). Derived by the conversion, not serialised.
+    /// Namespace, labels and required anti-affinity terms ([`Self::pod_anti_affinity`]) as nodes
+    /// record them; `None` for workloads no pod affinity can see (traces). Derived by the conversion, not serialised.
     #[serde(skip)]
     pub identity: Option<std::sync::Arc<PodIdentity>>,
 }
@@ -332,6 +329,11 @@ impl Workload {
             && (self.gpu.is_none()
                 || self.gpu_models.is_empty()
                 || node.gpu_model.as_ref().is_some_and(|m| self.gpu_models.contains(m)))
+    }
+
+    /// Required pod anti-affinity terms (kept in [`Self::identity`], which nodes share).
+    pub fn pod_anti_affinity(&self) -> &[PodAffinityTerm] {
+        self.identity.as_deref().map_or(&[], |i| &i.anti_affinity)
     }
 
     /// Whether the node's labels satisfy `spec.nodeSelector` and the required node affinity.

@@ -151,17 +151,14 @@ const NODE_SPECIFIC_LABELS: &[&str] =
 
 /// Taints that Kubernetes, cloud controllers and autoscalers put on nodes while they run (node
 /// conditions, cordons, deletion marks; Cluster Autoscaler keeps the same list): a node that
-/// starts anew never has them, so they are never learned into a group's template.
+/// starts anew never has them, so they are never learned into a group's template. With the
+/// [`STARTUP_CONDITION_TAINTS`], which [`is_transient_taint`] also counts.
 pub const TRANSIENT_TAINTS: &[&str] = &[
-    "node.kubernetes.io/not-ready",
-    "node.kubernetes.io/unreachable",
     "node.kubernetes.io/unschedulable",
     "node.kubernetes.io/memory-pressure",
     "node.kubernetes.io/disk-pressure",
     "node.kubernetes.io/pid-pressure",
-    "node.kubernetes.io/network-unavailable",
     "node.kubernetes.io/out-of-service",
-    "node.cloudprovider.kubernetes.io/uninitialized",
     "node.cloudprovider.kubernetes.io/shutdown",
     "ToBeDeletedByClusterAutoscaler",
     "DeletionCandidateOfClusterAutoscaler",
@@ -179,9 +176,9 @@ pub const STARTUP_CONDITION_TAINTS: &[&str] = &[
     "node.cloudprovider.kubernetes.io/uninitialized",
 ];
 
-/// Whether `key` is one of [`TRANSIENT_TAINTS`].
+/// Whether `key` is one of [`TRANSIENT_TAINTS`] or [`STARTUP_CONDITION_TAINTS`].
 pub fn is_transient_taint(key: &str) -> bool {
-    TRANSIENT_TAINTS.contains(&key)
+    TRANSIENT_TAINTS.contains(&key) || STARTUP_CONDITION_TAINTS.contains(&key)
 }
 
 /// Completes each group's template with what its registered nodes show (Cluster Autoscaler builds

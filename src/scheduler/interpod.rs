@@ -11,7 +11,10 @@ use std::collections::BTreeMap;
 /// Whether `w` needs these filters at all: it has terms or spread constraints, or some pod in the
 /// cluster has anti-affinity (`anti_holders` counts them).
 pub fn applies(w: &Workload, anti_holders: usize) -> bool {
-    !w.pod_affinity.is_empty() || !w.pod_anti_affinity.is_empty() || !w.spread.is_empty() || anti_holders > 0
+    !w.pod_affinity.is_empty()
+        || !w.pod_anti_affinity().is_empty()
+        || !w.spread.is_empty()
+        || anti_holders > 0
 }
 
 type Pair<'a> = (&'a str, &'a str);
@@ -38,7 +41,7 @@ pub fn verdicts(nodes: &[Node], w: &Workload, anti_holders: usize) -> Option<Vec
                     }
                 }
             }
-            for t in &w.pod_anti_affinity {
+            for t in w.pod_anti_affinity() {
                 if let Some(v) = node.labels.get(&t.topology_key) {
                     if t.selects(&r.namespace, &r.labels) {
                         *anti.entry((t.topology_key.as_str(), v.as_str())).or_default() += 1;
@@ -104,7 +107,7 @@ pub fn verdicts(nodes: &[Node], w: &Workload, anti_holders: usize) -> Option<Vec
                 return Err(Unfit::PodAffinity);
             }
         }
-        for t in &w.pod_anti_affinity {
+        for t in w.pod_anti_affinity() {
             if let Some(v) = node.labels.get(&t.topology_key) {
                 if anti.get(&(t.topology_key.as_str(), v.as_str())).copied().unwrap_or(0) > 0 {
                     return Err(Unfit::PodAntiAffinity);
@@ -173,8 +176,7 @@ mod tests {
 
     fn with_anti(mut w: Workload, t: PodAffinityTerm) -> Workload {
         let mut id = (**w.identity.as_ref().unwrap()).clone();
-        id.anti_affinity.push(t.clone());
-        w.pod_anti_affinity.push(t);
+        id.anti_affinity.push(t);
         w.identity = Some(Arc::new(id));
         w
     }

@@ -357,7 +357,7 @@ impl<'p> Placer<'p> {
 
     /// Records an allocation decided elsewhere (e.g. a running pod) on its node.
     pub fn commit(&mut self, workload: &Workload, placement: &Placement) {
-        self.anti_holders += usize::from(!workload.pod_anti_affinity.is_empty());
+        self.anti_holders += usize::from(!workload.pod_anti_affinity().is_empty());
         self.nodes[placement.node].allocate_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }
@@ -365,7 +365,7 @@ impl<'p> Placer<'p> {
     /// Removes an allocation (a departed or evicted workload).
     pub fn release(&mut self, workload: &Workload, placement: &Placement) {
         self.anti_holders =
-            self.anti_holders.saturating_sub(usize::from(!workload.pod_anti_affinity.is_empty()));
+            self.anti_holders.saturating_sub(usize::from(!workload.pod_anti_affinity().is_empty()));
         self.nodes[placement.node].release_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }
