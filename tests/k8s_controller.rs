@@ -569,15 +569,27 @@ accounts:
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.register.store(true, std::sync::atomic::Ordering::Relaxed);
     // The old node drains once the new one is Ready; the ReplicaSet's new pod (created here, as
-    // no controller manager runs) is bound by kube-scheduler on the new node.
-    c.wait_until(WAIT, "web evicted", || async { c.pod("web").await.is_none() }).await;
+    // no controller manager runs, the moment the eviction marks web for deletion, as the
+    // ReplicaSet controller does) is bound by kube-scheduler on the new node. Created any later,
+    // the new node would be empty for longer than the unneeded time and rightly scaled down.
+    c.wait_until(WAIT, "web evicted", || async {
+        c.pod("web").await.is_none_or(|p| p["metadata"]["deletionTimestamp"].is_string())
+    })
+    .await;
     c.create(pod_json("ml", "web-2", 1, Some("ReplicaSet"), None)).await;
     c.wait_until(WAIT, "the old node deleted", || async { c.node(&old).await.is_none() }).await;
     c.wait_until(WAIT, "web-2 running on the new node", || async {
         running_on(&c, "web-2").await.is_some_and(|n| n != old)
     })
     .await;
-    assert_eq!(raises(&c, "gpu-l4-small"), vec![(0, 1)], "raised once, across the restart");
+    let small_ops: Vec<String> = c
+        .cloud
+        .operations()
+        .into_iter()
+        .filter(|r| format!("{:?}", r.op).contains("gpu-l4-small"))
+        .map(|r| format!("{:?}", r.op))
+        .collect();
+    assert_eq!(raises(&c, "gpu-l4-small"), vec![(0, 1)], "raised once, across the restart: {small_ops:#?}");
     let reported = first.recorder.with_prefix("replacement_requested");
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert!(first.recorder.with_prefix("scaled_up").is_empty());
