@@ -43,4 +43,6 @@ echo "test.sh: kube-apiserver, kube-scheduler and etcd in $GPUSCALE_K8S_BIN" >&2
 
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
+# The decision core builds and tests alone, without Kubernetes or cloud crates.
+cargo test --no-default-features --lib
 cargo test --all-features

@@ -102,6 +102,34 @@ async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node
     c.assert_rbac_allowed("a");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anti_affine_replicas_get_a_node_each_in_one_scale_up() {
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..3 {
+        let mut p = pod_json("ml", &format!("web-{i}"), 1, Some("ReplicaSet"), None);
+        p["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+        c.create(p).await;
+    }
+    c.wait_until(WAIT, "all three replicas running", || all_running(&c, "web", 3)).await;
+    // One 4-GPU node would hold them by resources; kube-scheduler puts one per host, and the
+    // plan asked for the three nodes at once.
+    let mut hosts = Vec::new();
+    for i in 0..3 {
+        hosts.push(running_on(&c, &format!("web-{i}")).await.unwrap());
+    }
+    hosts.sort();
+    hosts.dedup();
+    assert_eq!(hosts.len(), 3, "{hosts:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 3)]);
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
 /// Two Ready nodes: one runs a 3-GPU pod, the other a 1-GPU pod that fits beside it.
 async fn two_node_cluster() -> (Arc<KubeCluster>, String, String) {
     let c = KubeCluster::start(&l4_providers(2, 4), Options::default()).await;

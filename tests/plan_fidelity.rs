@@ -99,3 +99,303 @@ fn a_node_at_its_pod_limit_takes_no_more_pods() {
     ];
     assert_eq!(placed(objects), vec![("ml/c".to_string(), "roomy".to_string())]);
 }
+
+/// Node groups in two zones, none running: what a scale-up chooses from.
+const ZONAL_GROUPS: &str = r#"
+accounts:
+  - name: c
+    provider: simulated
+    region: us-east-1
+    nodeGroups:
+      - {name: l4-a, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 10, targetSize: 0}
+      - {name: l4-b, instanceType: g6.12xlarge, zones: [us-east-1b], minSize: 0, maxSize: 10, targetSize: 0}
+"#;
+
+/// The plan for `objects` with the zonal groups, as (group, from, to) per scale-up and the pods
+/// left unschedulable.
+fn scale_ups(objects: Vec<Value>, groups_yaml: &str) -> (Vec<(String, u32, u32)>, Vec<String>) {
+    let objects: Vec<SourcedObject> = objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
+    let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
+    let groups = gpuscale::providers::config::load_strs(&[("groups.yaml", groups_yaml)])
+        .expect("valid provider config")
+        .node_groups();
+    let input = PlanInput { snapshot, groups, unavailable: Default::default() };
+    let plan = planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() });
+    let ups = plan
+        .scale_ups
+        .iter()
+        .map(|s| (s.group.rsplit('/').next().unwrap().to_string(), s.from, s.to))
+        .collect();
+    (ups, plan.unschedulable.iter().map(|u| u.pod.clone()).collect())
+}
+
+fn replica(name: &str, app: &str) -> Value {
+    let mut p = pod(name, app, None);
+    p["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": "u", "controller": true}]);
+    p
+}
+
+#[test]
+fn three_anti_affine_replicas_ask_for_three_new_nodes() {
+    // A 4-GPU node holds all three 1-GPU replicas by resources; one per host is what
+    // kube-scheduler will allow, so three nodes are needed.
+    let mut objects = Vec::new();
+    for i in 0..3 {
+        let mut p = replica(&format!("web-{i}"), "web");
+        p["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+        objects.push(p);
+    }
+    let (ups, unschedulable) = scale_ups(objects.clone(), ZONAL_GROUPS);
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups.iter().map(|(_, from, to)| to - from).sum::<u32>(), 3, "{ups:?}");
+    // Without the anti-affinity one node holds them.
+    for p in &mut objects {
+        p["spec"].as_object_mut().unwrap().remove("affinity");
+    }
+    let (ups, _) = scale_ups(objects, ZONAL_GROUPS);
+    assert_eq!(ups.iter().map(|(_, from, to)| to - from).sum::<u32>(), 1, "{ups:?}");
+}
+
+#[test]
+fn an_anti_affine_gang_gets_a_node_per_member() {
+    // Four members of a job, one per host (required anti-affinity to each other): a whole gang,
+    // all or nothing, so the scale-up must hold all four at once.
+    let mut objects = Vec::new();
+    for i in 0..4 {
+        let mut p = pod(&format!("job-{i}"), "job", None);
+        p["metadata"]["annotations"] = json!({"scheduling.k8s.io/group-name": "job"});
+        p["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "job"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+        objects.push(p);
+    }
+    let (ups, unschedulable) = scale_ups(objects, ZONAL_GROUPS);
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups.iter().map(|(_, from, to)| to - from).sum::<u32>(), 4, "{ups:?}");
+}
+
+#[test]
+fn a_pod_affine_to_a_zone_scales_the_group_in_that_zone() {
+    // A cache runs in us-east-1b on a full node; the pod must share its zone, so the group in
+    // us-east-1a, cheaper or not, cannot serve it.
+    let mut full = node("b-1", 110, 0);
+    full["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("us-east-1b");
+    let mut cache = pod("cache", "cache", Some("b-1"));
+    cache["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "4"}, "limits": {"nvidia.com/gpu": "4"}});
+    let mut near = replica("near", "near");
+    near["spec"]["affinity"] = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "topology.kubernetes.io/zone"}]}});
+    let (ups, unschedulable) = scale_ups(vec![full, cache, near], ZONAL_GROUPS);
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups, vec![("l4-b".to_string(), 0, 1)]);
+}
+
+#[test]
+fn pods_of_an_unknown_scheduler_are_reported_and_left_to_it() {
+    // kube-scheduler ignores a pod whose schedulerName is another scheduler's; so does the plan:
+    // it neither places it on the free node nor scales for it. HAMi's scheduler is planned.
+    let mut theirs = replica("theirs", "x");
+    theirs["spec"]["schedulerName"] = json!("my-batch-scheduler");
+    let mut hami = replica("hami", "y");
+    hami["spec"]["schedulerName"] = json!("hami-scheduler");
+    assert_eq!(
+        placed(vec![node("n1", 110, 0), theirs.clone(), hami.clone()]),
+        vec![("ml/hami".to_string(), "n1".to_string())]
+    );
+    let (ups, unschedulable) = scale_ups(vec![theirs, hami], ZONAL_GROUPS);
+    assert_eq!(ups.iter().map(|(_, from, to)| to - from).sum::<u32>(), 1, "for hami only: {ups:?}");
+    assert_eq!(unschedulable, vec!["ml/theirs".to_string()]);
+}
+
+/// A claim `name` in `ml`, bound to `volume` when given, of `class`.
+fn pvc(name: &str, volume: Option<&str>, class: &str, modes: &[&str]) -> Value {
+    let mut c = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"accessModes": modes, "storageClassName": class, "resources": {"requests": {"storage": "100Gi"}}},
+        "status": {"phase": "Pending"}
+    });
+    if let Some(v) = volume {
+        c["spec"]["volumeName"] = json!(v);
+        c["status"]["phase"] = json!("Bound");
+    }
+    c
+}
+
+/// A 200 GiB volume of `class`, with `zone` label and node affinity when given.
+fn pv(name: &str, class: &str, zone: Option<&str>, on_host: Option<&str>, claim: Option<&str>) -> Value {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {"capacity": {"storage": "200Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "persistentVolumeReclaimPolicy": "Delete"},
+        "status": {"phase": "Available"}
+    });
+    if let Some(z) = zone {
+        v["metadata"]["labels"] = json!({"topology.kubernetes.io/zone": z});
+        v["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [z]}]}]}});
+    }
+    if let Some(h) = on_host {
+        v["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [h]}]}]}});
+    }
+    if let Some(c) = claim {
+        v["spec"]["claimRef"] = json!({"namespace": "ml", "name": c});
+        v["status"]["phase"] = json!("Bound");
+    }
+    v
+}
+
+fn storage_class(name: &str, provisioner: &str, mode: &str, zones: &[&str]) -> Value {
+    let mut c = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": name}, "provisioner": provisioner, "volumeBindingMode": mode
+    });
+    if !zones.is_empty() {
+        c["allowedTopologies"] =
+            json!([{"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": zones}]}]);
+    }
+    c
+}
+
+fn with_claim(mut p: Value, claim: &str) -> Value {
+    p["spec"]["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+    p
+}
+
+fn zoned_node(name: &str, zone: &str) -> Value {
+    let mut n = node(name, 110, 0);
+    n["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!(zone);
+    n
+}
+
+#[test]
+fn a_pod_whose_volume_is_in_another_zone_goes_where_the_volume_is() {
+    // VolumeZone and VolumeBinding (volume_zone_test.go "label zone failure domain matched" /
+    // "label zone failure domain failed"): the claim is bound to a volume in us-east-1b.
+    let gp3 = storage_class("gp3", "ebs.csi.aws.com", "WaitForFirstConsumer", &[]);
+    let objects = vec![
+        zoned_node("a-1", "us-east-1a"),
+        zoned_node("b-1", "us-east-1b"),
+        gp3.clone(),
+        pvc("data", Some("pv-b"), "gp3", &["ReadWriteOnce"]),
+        pv("pv-b", "gp3", Some("us-east-1b"), None, Some("data")),
+        with_claim(replica("db", "db"), "data"),
+    ];
+    assert_eq!(placed(objects), vec![("ml/db".to_string(), "b-1".to_string())]);
+    // Only a us-east-1a node: FITS nowhere; the scale-up opens us-east-1b, cheaper or not.
+    let objects = vec![
+        gp3,
+        pvc("data", Some("pv-b"), "gp3", &["ReadWriteOnce"]),
+        pv("pv-b", "gp3", Some("us-east-1b"), None, Some("data")),
+        with_claim(replica("db", "db"), "data"),
+    ];
+    let (ups, unschedulable) = scale_ups(objects, ZONAL_GROUPS);
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups, vec![("l4-b".to_string(), 0, 1)]);
+}
+
+#[test]
+fn a_volume_in_a_zone_no_group_serves_is_unschedulable_with_the_filter() {
+    let objects = vec![
+        storage_class("gp3", "ebs.csi.aws.com", "WaitForFirstConsumer", &[]),
+        pvc("data", Some("pv-c"), "gp3", &["ReadWriteOnce"]),
+        pv("pv-c", "gp3", Some("us-east-1c"), None, Some("data")),
+        with_claim(replica("db", "db"), "data"),
+    ];
+    let objects: Vec<SourcedObject> = objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
+    let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
+    let groups =
+        gpuscale::providers::config::load_strs(&[("g.yaml", ZONAL_GROUPS)]).expect("config").node_groups();
+    let plan = planner::plan(
+        &PlanInput { snapshot, groups, unavailable: Default::default() },
+        &PlannerSettings { scale_down: false, ..Default::default() },
+    );
+    assert!(plan.scale_ups.is_empty(), "{:?}", plan.scale_ups);
+    let reason = &plan.unschedulable.iter().find(|u| u.pod == "ml/db").expect("reported").reason;
+    assert!(reason.contains("volume node affinity conflict"), "{reason}");
+}
+
+#[test]
+fn wait_for_first_consumer_claims_follow_allowed_topologies_and_local_volumes() {
+    // An unbound claim of a WaitForFirstConsumer class provisions only where allowedTopologies
+    // reach (volumebinding binder_test.go "provisioning with allowed topology").
+    let objects = vec![
+        zoned_node("a-1", "us-east-1a"),
+        zoned_node("b-1", "us-east-1b"),
+        storage_class("zonal", "ebs.csi.aws.com", "WaitForFirstConsumer", &["us-east-1b"]),
+        pvc("scratch", None, "zonal", &["ReadWriteOnce"]),
+        with_claim(replica("job", "job"), "scratch"),
+    ];
+    assert_eq!(placed(objects), vec![("ml/job".to_string(), "b-1".to_string())]);
+    // A local volume class (no provisioner): only the node holding an available volume.
+    let objects = vec![
+        zoned_node("a-1", "us-east-1a"),
+        zoned_node("a-2", "us-east-1a"),
+        storage_class("local", "kubernetes.io/no-provisioner", "WaitForFirstConsumer", &[]),
+        pv("local-a-2", "local", None, Some("a-2"), None),
+        pvc("nvme", None, "local", &["ReadWriteOnce"]),
+        with_claim(replica("job", "job"), "nvme"),
+    ];
+    assert_eq!(placed(objects), vec![("ml/job".to_string(), "a-2".to_string())]);
+}
+
+#[test]
+fn claims_no_node_can_serve_are_reported_as_kube_scheduler_words_them() {
+    let cases = [
+        // An unbound claim of an Immediate class waits for the volume controller, not a node.
+        (
+            vec![
+                storage_class("fast", "ebs.csi.aws.com", "Immediate", &[]),
+                pvc("data", None, "fast", &["ReadWriteOnce"]),
+            ],
+            "pod has unbound immediate PersistentVolumeClaims",
+        ),
+        (
+            vec![storage_class("fast", "ebs.csi.aws.com", "Immediate", &[])],
+            "persistentvolumeclaim \"data\" not found",
+        ),
+        // A ReadWriteOncePod claim another running pod uses (volumerestrictions).
+        (
+            vec![
+                storage_class("gp3", "ebs.csi.aws.com", "WaitForFirstConsumer", &[]),
+                pvc("data", Some("pv-a"), "gp3", &["ReadWriteOncePod"]),
+                pv("pv-a", "gp3", None, None, Some("data")),
+                with_claim(pod("holder", "h", Some("n1")), "data"),
+            ],
+            "ReadWriteOncePod access mode",
+        ),
+    ];
+    for (mut objects, expected) in cases {
+        objects.push(node("n1", 110, 0));
+        objects.push(with_claim(replica("db", "db"), "data"));
+        let (ups, unschedulable) = scale_ups(objects.clone(), ZONAL_GROUPS);
+        assert!(ups.is_empty(), "{expected}: {ups:?}");
+        assert_eq!(unschedulable, vec!["ml/db".to_string()], "{expected}");
+        let objects: Vec<SourcedObject> =
+            objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
+        let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
+        let db = snapshot.workloads.iter().find(|w| w.id == "ml/db").unwrap();
+        assert!(
+            db.volume_blocked.as_deref().is_some_and(|r| r.contains(expected)),
+            "{:?}",
+            db.volume_blocked
+        );
+    }
+}
+
+#[test]
+fn without_storage_objects_claims_are_unchecked_and_the_snapshot_says_so() {
+    let objects = vec![node("n1", 110, 0), with_claim(replica("db", "db"), "data")];
+    let sourced: Vec<SourcedObject> =
+        objects.iter().cloned().map(|o| SourcedObject::new("test", o)).collect();
+    let loaded = gpuscale::k8s::convert(&sourced).expect("a valid snapshot");
+    assert!(
+        loaded.warnings.iter().any(|w| w.contains("volume placement is not checked")),
+        "{:?}",
+        loaded.warnings
+    );
+    assert_eq!(placed(objects), vec![("ml/db".to_string(), "n1".to_string())]);
+}

@@ -44,6 +44,7 @@ pub use observer::{LogObserver, NoopObserver, Observer};
 /// The Kubernetes client the controller runs on, from a found config: kube's built-in retry is
 /// off, because the loop retries on its own schedule and kube would sit out an eviction's 429
 /// Retry-After (10 s, up to 15 times) inside one pass and stall every other node.
+#[cfg(feature = "controller")]
 pub fn client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
     config.default_retry = false;
     crate::tls::install_crypto_provider();

@@ -31,6 +31,8 @@ pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
     rule(&[""], &["pods"], &["get", "list", "watch"]),
     rule(&[""], &["pods/eviction"], &["create"]),
     rule(&["policy"], &["poddisruptionbudgets"], &["list", "watch"]),
+    rule(&[""], &["persistentvolumeclaims", "persistentvolumes"], &["list", "watch"]),
+    rule(&["storage.k8s.io"], &["storageclasses"], &["list", "watch"]),
     rule(&["scheduling.x-k8s.io"], &["podgroups"], &["list", "watch"]),
     rule(&[""], &["events"], &["create", "patch"]),
     rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
@@ -210,6 +212,6 @@ mod tests {
         assert!(!allows(ANY, "get", "", "pods"));
         assert!(!allows(ANY, "list", "", "pods/log"));
         assert_eq!(expand(AGENT_CLUSTER_RULES).len(), 2);
-        assert_eq!(expand(CONTROLLER_CLUSTER_RULES).len(), 5 + 3 + 1 + 2 + 2 + 2 + 2);
+        assert_eq!(expand(CONTROLLER_CLUSTER_RULES).len(), 5 + 3 + 1 + 2 + 4 + 2 + 2 + 2 + 2);
     }
 }

@@ -25,7 +25,9 @@ use crate::providers::{CloudProvider, ProviderError};
 use crate::scheduler::fit;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::reflector::{self, store::Writer, Store};
@@ -157,6 +159,9 @@ struct Stores {
     nodes: Store<Node>,
     pods: Store<Pod>,
     pdbs: Store<PodDisruptionBudget>,
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    classes: Store<StorageClass>,
     pod_groups: Option<Store<DynamicObject>>,
 }
 
@@ -241,10 +246,16 @@ impl Controller {
         let node_w = Writer::<Node>::default();
         let pod_w = Writer::<Pod>::default();
         let pdb_w = Writer::<PodDisruptionBudget>::default();
+        let claim_w = Writer::<PersistentVolumeClaim>::default();
+        let volume_w = Writer::<PersistentVolume>::default();
+        let class_w = Writer::<StorageClass>::default();
         let mut stores = Stores {
             nodes: node_w.as_reader(),
             pods: pod_w.as_reader(),
             pdbs: pdb_w.as_reader(),
+            claims: claim_w.as_reader(),
+            volumes: volume_w.as_reader(),
+            classes: class_w.as_reader(),
             pod_groups: None,
         };
         // What the loop cannot work without: refused is an RBAC fault, not served an old server;
@@ -256,6 +267,23 @@ impl Controller {
                 may_read(&Api::<PodDisruptionBudget>::all(self.client.clone()), "list poddisruptionbudgets")
                     .await?,
                 "policy/v1 PodDisruptionBudget",
+            ),
+            (
+                may_read(
+                    &Api::<PersistentVolumeClaim>::all(self.client.clone()),
+                    "list persistentvolumeclaims",
+                )
+                .await?,
+                "v1 PersistentVolumeClaim",
+            ),
+            (
+                may_read(&Api::<PersistentVolume>::all(self.client.clone()), "list persistentvolumes")
+                    .await?,
+                "v1 PersistentVolume",
+            ),
+            (
+                may_read(&Api::<StorageClass>::all(self.client.clone()), "list storageclasses").await?,
+                "storage.k8s.io/v1 StorageClass",
             ),
         ] {
             if !served {
@@ -270,6 +298,20 @@ impl Controller {
             notify.clone(),
             "PodDisruptionBudget",
         ));
+        // What pods' volumes ask of nodes (VolumeBinding, VolumeZone, ReadWriteOncePod).
+        tasks.0.push(spawn_reflector(
+            Api::all(self.client.clone()),
+            claim_w,
+            notify.clone(),
+            "PersistentVolumeClaim",
+        ));
+        tasks.0.push(spawn_reflector(
+            Api::all(self.client.clone()),
+            volume_w,
+            notify.clone(),
+            "PersistentVolume",
+        ));
+        tasks.0.push(spawn_reflector(Api::all(self.client.clone()), class_w, notify.clone(), "StorageClass"));
         let ar = pod_group_resource();
         let pg_api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         // An absent CRD turns gang sizes from PodGroups off; a refusal is an error, so gangs are
@@ -291,6 +333,13 @@ impl Controller {
                 .wait_until_ready()
                 .await
                 .map_err(|_| ControllerError::NotSynced { kind: "PodDisruptionBudget" })?;
+            for (store_ready, kind) in [
+                (stores.claims.wait_until_ready().await, "PersistentVolumeClaim"),
+                (stores.volumes.wait_until_ready().await, "PersistentVolume"),
+                (stores.classes.wait_until_ready().await, "StorageClass"),
+            ] {
+                store_ready.map_err(|_| ControllerError::NotSynced { kind })?;
+            }
             if let Some(s) = &stores.pod_groups {
                 s.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "PodGroup" })?;
             }
@@ -423,6 +472,11 @@ impl Controller {
             &stores.pods.state(),
             &stores.pdbs.state(),
             &pod_groups,
+            snapshot::storage_objects(
+                &stores.claims.state(),
+                &stores.volumes.state(),
+                &stores.classes.state(),
+            ),
             &cfg,
             now,
         )?;

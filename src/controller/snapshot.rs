@@ -10,8 +10,9 @@ use super::config::ControllerConfig;
 use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks, DISRUPTING_TAINT};
 use crate::k8s::{self, SnapshotError, SourcedObject};
 use crate::model::{ClusterSnapshot, GpuDemand};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -71,12 +72,49 @@ fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
     }
 }
 
-/// Builds the view from the stored objects; `pod_groups` are PodGroup objects as JSON.
+/// The stored PersistentVolumeClaims, PersistentVolumes and StorageClasses as the conversion
+/// reads them (what pods' volumes ask of nodes), in identity order.
+pub fn storage_objects(
+    claims: &[impl AsRef<PersistentVolumeClaim>],
+    volumes: &[impl AsRef<PersistentVolume>],
+    classes: &[impl AsRef<StorageClass>],
+) -> Vec<SourcedObject> {
+    fn sorted<'a, K: 'a>(
+        objects: impl Iterator<Item = &'a K>,
+        meta: impl Fn(&K) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Vec<&'a K> {
+        let mut v: Vec<&K> = objects.collect();
+        v.sort_by(|a, b| (&meta(a).namespace, &meta(a).name).cmp(&(&meta(b).namespace, &meta(b).name)));
+        v
+    }
+    let mut out = Vec::new();
+    for c in sorted(claims.iter().map(AsRef::as_ref), |c| &c.metadata) {
+        let origin = format!("PersistentVolumeClaim {}", name_of(&c.metadata));
+        out.push(SourcedObject::new(origin, to_value("PersistentVolumeClaim", "v1", c)));
+    }
+    for v in sorted(volumes.iter().map(AsRef::as_ref), |v| &v.metadata) {
+        out.push(SourcedObject::new(
+            format!("PersistentVolume {}", name_of(&v.metadata)),
+            to_value("PersistentVolume", "v1", v),
+        ));
+    }
+    for c in sorted(classes.iter().map(AsRef::as_ref), |c| &c.metadata) {
+        out.push(SourcedObject::new(
+            format!("StorageClass {}", name_of(&c.metadata)),
+            to_value("StorageClass", "storage.k8s.io/v1", c),
+        ));
+    }
+    out
+}
+
+/// Builds the view from the stored objects; `pod_groups` are PodGroup objects as JSON, `storage`
+/// what [`storage_objects`] makes.
 pub fn build(
     nodes: &[impl AsRef<Node>],
     pods: &[impl AsRef<Pod>],
     pdbs: &[impl AsRef<PodDisruptionBudget>],
     pod_groups: &[Value],
+    storage: Vec<SourcedObject>,
     config: &ControllerConfig,
     now: Timestamp,
 ) -> Result<ClusterView, SnapshotError> {
@@ -131,6 +169,7 @@ pub fn build(
         }
         objects.push(SourcedObject::new("PodGroup", value));
     }
+    objects.extend(storage);
     let loaded = k8s::convert(&objects)?;
     view.snapshot = loaded.snapshot;
     view.warnings = loaded.warnings;
@@ -249,7 +288,7 @@ mod tests {
         ];
         let nodes = vec![Arc::new(draining), Arc::new(evicting), Arc::new(node("n3", json!({})))];
         let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
-        let view = build(&nodes, &pods, &pdbs, &[], &ControllerConfig::default(), t(10)).unwrap();
+        let view = build(&nodes, &pods, &pdbs, &[], Vec::new(), &ControllerConfig::default(), t(10)).unwrap();
         assert_eq!(view.snapshot.nodes.len(), 3);
         let n1 = view.snapshot.nodes.iter().find(|n| n.name == "n1").unwrap();
         assert!(!n1.unschedulable && n1.taints.is_empty(), "{n1:?}");
@@ -275,11 +314,11 @@ mod tests {
             .collect();
         let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
         let config = ControllerConfig::default();
-        let forward = build(&nodes, &pods, &pdbs, &[], &config, t(10)).unwrap();
+        let forward = build(&nodes, &pods, &pdbs, &[], Vec::new(), &config, t(10)).unwrap();
         let (mut rn, mut rp) = (nodes.clone(), pods.clone());
         rn.reverse();
         rp.rotate_left(2);
-        let shuffled = build(&rn, &rp, &pdbs, &[], &config, t(10)).unwrap();
+        let shuffled = build(&rn, &rp, &pdbs, &[], Vec::new(), &config, t(10)).unwrap();
         let names = |v: &ClusterView| v.snapshot.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
         let ids = |v: &ClusterView| v.snapshot.workloads.iter().map(|w| w.id.clone()).collect::<Vec<_>>();
         assert_eq!(names(&forward), names(&shuffled));

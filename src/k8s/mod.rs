@@ -15,6 +15,7 @@ mod pod;
 mod policy;
 pub mod quantity;
 mod source;
+mod volume;
 
 pub use error::SnapshotError;
 pub use instance_types::instance_gpus;
@@ -88,6 +89,7 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
     let mut pods = Vec::new();
     let mut pdbs = Vec::new();
     let mut pod_groups = BTreeMap::new();
+    let mut storage = volume::Storage::default();
     for obj in objects {
         let api_version = obj.value["apiVersion"].as_str().unwrap_or_default();
         let kind = obj.value["kind"].as_str().unwrap_or_default();
@@ -97,6 +99,9 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
             ("policy/v1", "PodDisruptionBudget") => {
                 pdbs.push((obj, decode::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj)?))
             }
+            ("v1", "PersistentVolumeClaim") => storage.add_claim(decode(obj)?),
+            ("v1", "PersistentVolume") => storage.add_volume(&obj.origin, decode(obj)?),
+            ("storage.k8s.io/v1", "StorageClass") => storage.add_class(decode(obj)?),
             (v, "PodGroup") if POD_GROUP_API_VERSIONS.contains(&v) => {
                 let (id, min) = convert_pod_group(&obj.value, &obj.origin)?;
                 pod_groups.insert(id, min);
@@ -128,10 +133,22 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
 
     let mut seen = std::collections::HashSet::new();
     let mut converted = Vec::new();
+    storage.note_users(pods.iter().map(|(_, k)| k));
+    let mut unchecked_claims = 0;
     for (obj, k) in &pods {
-        let Some(p) = convert_pod(k, &obj.origin, &pod_groups, &mut warnings)? else {
+        let Some(mut p) = convert_pod(k, &obj.origin, &pod_groups, &mut warnings)? else {
             continue;
         };
+        if p.workload.node_name.is_none() && volume::Storage::uses_claims(k) {
+            if storage.is_empty() {
+                unchecked_claims += 1;
+            } else {
+                match storage.needs_of(k, &mut warnings)? {
+                    Ok(needs) => p.workload.volumes = needs,
+                    Err(reason) => p.workload.volume_blocked = Some(reason),
+                }
+            }
+        }
         if !seen.insert(p.workload.id.clone()) {
             warnings.push(format!(
                 "{}: Pod {} appears more than once; keeping the first",
@@ -142,6 +159,12 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
         converted.push(p);
     }
 
+    if unchecked_claims > 0 {
+        warnings.push(format!(
+            "{unchecked_claims} pending pod(s) use PersistentVolumeClaims, but the snapshot has no claims, volumes or \
+             storage classes: their volume placement is not checked (add pv,pvc,storageclass to `kubectl get`)"
+        ));
+    }
     // Nodes are returned with their capacity only; running pods carry the devices they hold.
     // The allocation below is a scratch copy that lets each pod's device choice see the pods
     // before it.

@@ -437,8 +437,23 @@ fn affinity_terms(
     else {
         return Ok(Vec::new());
     };
+    node_selector_terms(
+        ctx,
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        required,
+        warnings,
+    )
+}
+
+/// A NodeSelector's terms (a pod's required node affinity, a PersistentVolume's node affinity)
+/// as requirements on node labels; `matchFields` on `metadata.name` become hostname ones.
+pub(crate) fn node_selector_terms(
+    ctx: &ObjCtx<'_>,
+    base: &str,
+    required: &k8s::NodeSelector,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Vec<NodeSelectorRequirement>>, SnapshotError> {
     let mut terms = Vec::new();
-    let base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution";
     for (t, term) in required.node_selector_terms.iter().enumerate() {
         let mut reqs = Vec::new();
         for (i, e) in term.match_expressions.iter().flatten().enumerate() {
@@ -451,10 +466,10 @@ fn affinity_terms(
         }
         for (i, e) in term.match_fields.iter().flatten().enumerate() {
             if e.key == "metadata.name" {
-                // DaemonSet pods pin themselves by node name; nodes carry it as hostname label.
+                // DaemonSet pods and local volumes pin by node name; nodes carry it as hostname label.
                 let f = format!("{base}.nodeSelectorTerms[{t}].matchFields[{i}].operator");
                 reqs.push(NodeSelectorRequirement {
-                    key: "kubernetes.io/hostname".into(),
+                    key: crate::model::HOSTNAME_LABEL.into(),
                     operator: selector_operator(ctx, &f, &e.operator)?,
                     values: e.values.clone().unwrap_or_default(),
                 });
@@ -685,6 +700,9 @@ pub fn convert_pod(
         owner: owner_kind(meta),
         eviction_blocked,
         gang_min_members,
+        scheduler: spec.scheduler_name.clone().filter(|s| s != crate::model::DEFAULT_SCHEDULER),
+        volumes: Vec::new(),
+        volume_blocked: None,
         gang_topology_key: annotations
             .get("gpuscale.io/gang-topology")
             .or_else(|| annotations.get("kueue.x-k8s.io/podset-required-topology"))

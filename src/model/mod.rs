@@ -18,7 +18,7 @@ pub use catalog::{GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
 pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
-pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect};
+pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect, HOSTNAME_LABEL};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;
 pub use telemetry::{
@@ -26,5 +26,6 @@ pub use telemetry::{
 };
 pub use workload::{
     DisruptionBudget, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind, PodAffinityTerm,
-    PodIdentity, SelectorOperator, SpreadConstraint, Toleration, TolerationOperator, Workload, WorkloadId,
+    PodIdentity, SelectorOperator, SpreadConstraint, Toleration, TolerationOperator, VolumeNeed, Workload,
+    WorkloadId, DEFAULT_SCHEDULER, VOLUME_TOPOLOGY_LABELS,
 };

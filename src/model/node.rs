@@ -83,6 +83,9 @@ impl GpuTopology {
     }
 }
 
+/// The label every node carries with its own name (the `kubernetes.io/hostname` topology).
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
 /// A schedulable node (or a node that a scale-up would create).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Node {

@@ -126,6 +126,18 @@ pub struct Workload {
     /// Gang (pod group) the workload belongs to; a gang is placed all-or-nothing.
     #[serde(default)]
     pub gang: Option<String>,
+    /// What its PersistentVolumes ask of the node (kube-scheduler's VolumeBinding and
+    /// VolumeZone); read when the snapshot has the claims, volumes and classes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeNeed>,
+    /// Why no node can take it for its volumes (a missing claim, an unbound claim of an
+    /// `Immediate` class, a `ReadWriteOncePod` claim another pod uses), in kube-scheduler's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_blocked: Option<String>,
+    /// `spec.schedulerName` when not kube-scheduler's `default-scheduler`: only schedulers whose
+    /// placement the planner models are planned for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
     /// `spec.nodeSelector`.
     #[serde(default)]
     pub node_selector: BTreeMap<String, String>,
@@ -185,6 +197,68 @@ pub struct Workload {
     #[serde(skip)]
     pub identity: Option<std::sync::Arc<PodIdentity>>,
 }
+
+/// Node labels a PersistentVolume's zone and region are read from (VolumeZone's list).
+pub const VOLUME_TOPOLOGY_LABELS: [&str; 4] = [
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/region",
+];
+
+/// What one of a pod's PersistentVolumeClaims asks of the node it runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum VolumeNeed {
+    /// The node must match one of `terms` (OR of ANDs): a bound volume's node affinity, or for an
+    /// unbound `WaitForFirstConsumer` claim the volumes it could bind and the class's allowed
+    /// topologies. No terms: no node can (nothing to bind).
+    NodeAffinity {
+        /// `namespace/claim`.
+        claim: String,
+        /// Whether the claim is bound (kube-scheduler words the two conflicts differently).
+        bound: bool,
+        /// Alternatives, each a set of requirements.
+        terms: Vec<Vec<NodeSelectorRequirement>>,
+    },
+    /// A bound volume's zone or region label: the node's must be one of `values` (a node with no
+    /// zone or region label at all passes, as in single-zone clusters).
+    Zone {
+        /// `namespace/claim`.
+        claim: String,
+        /// The volume's label key.
+        key: String,
+        /// Its values (`a__b` lists several zones).
+        values: Vec<String>,
+    },
+}
+
+impl VolumeNeed {
+    /// Whether a node satisfies it, as VolumeBinding's and VolumeZone's filters decide.
+    pub fn admits(&self, node: &Node) -> bool {
+        match self {
+            VolumeNeed::NodeAffinity { terms, .. } => {
+                terms.iter().any(|term| term.iter().all(|r| r.matches(&node.labels)))
+            }
+            VolumeNeed::Zone { key, values, .. } => {
+                if !VOLUME_TOPOLOGY_LABELS.iter().any(|k| node.labels.contains_key(*k)) {
+                    return true;
+                }
+                let ga = key.replace("failure-domain.beta.kubernetes.io/", "topology.kubernetes.io/");
+                node.labels.get(key).or_else(|| node.labels.get(&ga)).is_some_and(|v| values.contains(v))
+            }
+        }
+    }
+
+    /// Whether it names hosts (local volumes pin pods by hostname).
+    pub fn names_a_host(&self) -> bool {
+        matches!(self, VolumeNeed::NodeAffinity { terms, .. }
+            if terms.iter().flatten().any(|r| r.key == super::HOSTNAME_LABEL))
+    }
+}
+
+/// kube-scheduler's name: the `schedulerName` of pods that do not set one.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// A host port a container binds (`ports[].hostPort`), as kube-scheduler's NodePorts filter
 /// compares them.

@@ -1,7 +1,9 @@
 //! The simulated cluster a plan is made on: existing nodes, nodes on their way, and the running
 //! pods on them.
 
-use crate::model::{ClusterSnapshot, DeviceAssignment, InstanceState, Node, NodeGroup, NodeState, Workload};
+use crate::model::{
+    ClusterSnapshot, DeviceAssignment, InstanceState, Node, NodeGroup, NodeState, Workload, HOSTNAME_LABEL,
+};
 use crate::scheduler::{fit, Placement, Placer};
 use std::collections::HashMap;
 
@@ -43,9 +45,12 @@ pub fn group_of(node: &Node, groups: &[NodeGroup]) -> Option<usize> {
         .position(|g| g.name() == label && node.instance_type.as_deref().is_none_or(|t| t == g.instance_type))
 }
 
-/// A node as the group's template describes it, named for the plan.
+/// A node as the group's template describes it, named for the plan. Like every node, it is its
+/// own `kubernetes.io/hostname` domain (Cluster Autoscaler's template sanitising does the same),
+/// so anti-affine and spread pods ask for one new node each, as kube-scheduler will place them.
 pub fn template_node(group: &NodeGroup, name: String, state: NodeState) -> Node {
     let mut node = group.template.clone();
+    node.labels.insert(HOSTNAME_LABEL.to_string(), name.clone());
     node.name = name;
     node.node_group = Some(group.name().to_string());
     node.instance_type = Some(group.instance_type.clone());
@@ -147,7 +152,7 @@ fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> Dev
 
 /// Node-specific labels that never belong in a group template.
 const NODE_SPECIFIC_LABELS: &[&str] =
-    &["kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.k8s.aws/zone-id"];
+    &[HOSTNAME_LABEL, "topology.kubernetes.io/zone", "topology.k8s.aws/zone-id"];
 
 /// Taints that Kubernetes, cloud controllers and autoscalers put on nodes while they run (node
 /// conditions, cordons, deletion marks; Cluster Autoscaler keeps the same list): a node that

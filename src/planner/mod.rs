@@ -68,6 +68,11 @@ pub struct PlannerSettings {
     /// Tenants and quotas (the config file's `tenancy:` section, set by the caller).
     #[serde(skip)]
     pub tenancy: Option<crate::tenancy::TenancyConfig>,
+    /// The `schedulerName`s whose pods are planned: kube-scheduler, the scheduler-plugins build
+    /// (coscheduling PodGroups) and the GPU schedulers whose resource forms the planner reads (HAMi,
+    /// KAI, Volcano). Pods of any other scheduler are
+    /// reported and left to it, neither placed nor scaled for.
+    pub scheduler_names: Vec<String>,
     /// Planning time in seconds since the epoch, for waiting time and work lost (default: the
     /// newest pod creation time in the snapshot).
     #[serde(skip)]
@@ -86,6 +91,15 @@ impl Default for PlannerSettings {
             max_disruptions: 50,
             telemetry: Default::default(),
             tenancy: None,
+            scheduler_names: [
+                crate::model::DEFAULT_SCHEDULER,
+                "scheduler-plugins-scheduler",
+                "hami-scheduler",
+                "kai-scheduler",
+                "volcano",
+            ]
+            .map(String::from)
+            .to_vec(),
             now: None,
         }
     }
@@ -110,9 +124,15 @@ pub(crate) struct Unit {
 /// Within a priority, pods are packed largest first (by their dominant share of `capacity`), as
 /// Cluster Autoscaler's bin-packing estimator does: first-fit decreasing needs markedly fewer nodes
 /// than arrival order when many pods wait at once (a cold start, a burst).
-fn pending_units(workloads: &[Workload], capacity: &Resources, gpu_capacity_milli: u64) -> Vec<Unit> {
-    let mut pending: Vec<usize> =
-        (0..workloads.len()).filter(|&i| workloads[i].node_name.is_none()).collect();
+fn pending_units(
+    workloads: &[Workload],
+    planned: &dyn Fn(&Workload) -> bool,
+    capacity: &Resources,
+    gpu_capacity_milli: u64,
+) -> Vec<Unit> {
+    let mut pending: Vec<usize> = (0..workloads.len())
+        .filter(|&i| workloads[i].node_name.is_none() && planned(&workloads[i]))
+        .collect();
     let share = |w: &Workload| -> f64 {
         let cpu = w.requests.cpu_milli as f64 / capacity.cpu_milli.max(1) as f64;
         let mem = w.requests.memory_bytes as f64 / capacity.memory_bytes.max(1) as f64;
@@ -174,13 +194,32 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     let mut gate = settings.tenancy.as_ref().map(|c| tenancy::Gate::new(c, snapshot, &groups, settings.now));
     let capacity = scale_nodes.iter().fold(Resources::default(), |acc, n| acc.saturating_add(&n.allocatable));
     let gpu_capacity: u64 = scale_nodes.iter().map(Node::gpu_milli_capacity).sum();
-    let mut units = pending_units(&snapshot.workloads, &capacity, gpu_capacity);
+    // Pods of a scheduler the planner does not model, and pods whose volumes no node can
+    // serve: reported, never placed or scaled for.
+    let ours = |w: &Workload| {
+        let name = w.scheduler.as_deref().unwrap_or(crate::model::DEFAULT_SCHEDULER);
+        settings.scheduler_names.iter().any(|s| s == name)
+    };
+    let planned = |w: &Workload| ours(w) && w.volume_blocked.is_none();
+    for w in snapshot.workloads.iter().filter(|w| w.node_name.is_none() && !planned(w)) {
+        let reason = match &w.volume_blocked {
+            Some(blocked) if ours(w) => blocked.clone(),
+            _ => format!(
+                "schedulerName {}: not a scheduler gpuscale plans for (planner.schedulerNames: {}); left to it",
+                w.scheduler.as_deref().unwrap_or_default(),
+                settings.scheduler_names.join(", ")
+            ),
+        };
+        out.unschedulable.push(Unschedulable { pod: w.id.clone(), reason });
+    }
+    let mut units = pending_units(&snapshot.workloads, &planned, &capacity, gpu_capacity);
     let mut reclaim = Vec::new();
     if let Some(g) = gate.as_mut() {
         let gpu_milli = snapshot.nodes.iter().map(|n| n.gpu_milli_capacity()).sum();
         (units, reclaim) = g.admit(&snapshot.workloads, units, gpu_milli, &mut out.unschedulable);
     }
-    // Pods held back by quota wait for quota, not capacity: they do not block scale-down.
+    // Pods held back by quota wait for quota, not capacity, and pods of other schedulers for
+    // those: they do not block scale-down.
     let held = out.unschedulable.len();
 
     // 1. Pending pods onto existing and in-flight capacity.

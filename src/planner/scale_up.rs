@@ -5,7 +5,7 @@ use super::plan::{ScaleUp, Unschedulable};
 use super::{PlanInput, Unit};
 use crate::model::{GpuDemand, Node, NodeGroup, NodeId, NodeState, Workload, GPU_MILLI};
 use crate::scheduler::{fit, Placement, Placer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// How many following pending pods the packing estimate of a new node looks at.
 const LOOKAHEAD: usize = 64;
@@ -153,6 +153,8 @@ pub(crate) fn plan(
 ) -> ScaleUps {
     let workloads = &input.snapshot.workloads;
     let mut added = vec![0u32; groups.len()];
+    // Nodes opened per group, used or retired: they name the next one.
+    let mut opened = vec![0u32; groups.len()];
     let mut pods_for: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     let mut unschedulable = Vec::new();
     let mut total_new = 0u32;
@@ -193,7 +195,8 @@ pub(crate) fn plan(
                 why_not.push(format!("{name}: unavailable ({reason})"));
                 continue;
             }
-            if let Err(u) = template_fit(g, members[0]) {
+            let probe = template_node(g, format!("{}-new-probe", g.name()), NodeState::Upcoming);
+            if let Err(u) = placer.fits_added(&probe, members[0]) {
                 why_not.push(format!("{name}: {}", u.as_str()));
                 continue;
             }
@@ -253,19 +256,31 @@ pub(crate) fn plan(
             }
             continue;
         };
-        // Open the nodes and place the unit on them.
+        // Open the estimated nodes and place the unit on them; where pod affinity or spread asks
+        // for more nodes than resources do (one per host for anti-affine members), one more
+        // at a time up to the headroom. Nodes left empty are retired, never requested.
         let g = &groups[gi];
+        let headroom = g.max_size.saturating_sub(g.target_size + added[gi]).min(max_new_nodes - total_new);
         let first_new = placer.nodes().len();
-        for k in 0..nodes {
-            let n = g.target_size + added[gi] + k + 1;
-            let name = format!("{}-new-{n}", g.name());
-            placer.add_node(template_node(g, name, NodeState::Upcoming));
-            info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
+        let mut placed = None;
+        while placed.is_none() && placer.nodes().len() - first_new < headroom as usize {
+            let want = if placer.nodes().len() == first_new { nodes as usize } else { 1 };
+            for _ in 0..want {
+                opened[gi] += 1;
+                let name = format!("{}-new-{}", g.name(), g.target_size + opened[gi]);
+                placer.add_node(template_node(g, name, NodeState::Upcoming));
+                info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
+            }
+            placed = place_unit(placer, workloads, unit, &|n| n >= first_new);
         }
-        let placed = place_unit(placer, workloads, unit, &|n| n >= first_new);
+        let used: BTreeSet<usize> = placed.iter().flatten().map(|(_, p)| p.node).collect();
+        for n in (first_new..placer.nodes().len()).filter(|n| !used.contains(n)) {
+            placer.retire(n);
+        }
         match placed {
             Some(placed) => {
                 report_left_over(unit, &placed, workloads, &mut unschedulable);
+                let nodes = used.len() as u32;
                 added[gi] += nodes;
                 total_new += nodes;
                 if let Some(t) = gate.as_deref_mut() {
@@ -277,12 +292,13 @@ pub(crate) fn plan(
                 }
             }
             None => {
-                // The policy's device choice differed from the estimate; leave the nodes unused
-                // (they will not be requested) and report the pods.
                 for &wi in &unit.pods {
                     unschedulable.push(Unschedulable {
                         pod: workloads[wi].id.clone(),
-                        reason: format!("does not fit a new {} node", g.instance_type),
+                        reason: format!(
+                            "does not fit {headroom} new {} node(s) with the pods placed so far",
+                            g.instance_type
+                        ),
                     });
                 }
             }

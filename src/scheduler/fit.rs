@@ -1,6 +1,6 @@
 //! Feasibility: may a workload run on a node, and with which devices.
 
-use crate::model::{DeviceAssignment, GpuDemand, GpuMode, Node, NodeState, Workload, GPU_MILLI};
+use crate::model::{DeviceAssignment, GpuDemand, GpuMode, Node, NodeState, VolumeNeed, Workload, GPU_MILLI};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -34,11 +34,18 @@ pub enum Unfit {
     ExistingAntiAffinity,
     /// Placing it there would exceed a topology spread constraint's maximum skew.
     TopologySpread,
+    /// A bound PersistentVolume's node affinity excludes the node (VolumeBinding).
+    VolumeNodeConflict,
+    /// No PersistentVolume an unbound claim could bind, nor provisioning, reaches the node
+    /// (VolumeBinding: a WaitForFirstConsumer class's allowed topologies, local volumes).
+    VolumeBindConflict,
+    /// A bound PersistentVolume's zone or region is not the node's (VolumeZone).
+    VolumeZoneConflict,
 }
 
 impl Unfit {
     /// Every reason, in declaration order (their `as usize` values index this array).
-    pub const ALL: [Unfit; 13] = [
+    pub const ALL: [Unfit; 16] = [
         Unfit::NodeUnschedulable,
         Unfit::NodeMismatch,
         Unfit::InsufficientCpu,
@@ -52,6 +59,9 @@ impl Unfit {
         Unfit::PodAntiAffinity,
         Unfit::ExistingAntiAffinity,
         Unfit::TopologySpread,
+        Unfit::VolumeNodeConflict,
+        Unfit::VolumeBindConflict,
+        Unfit::VolumeZoneConflict,
     ];
 
     /// A short reason for events and plans.
@@ -70,6 +80,9 @@ impl Unfit {
             Unfit::PodAntiAffinity => "didn't match pod anti-affinity rules",
             Unfit::ExistingAntiAffinity => "didn't satisfy existing pods anti-affinity rules",
             Unfit::TopologySpread => "didn't match pod topology spread constraints",
+            Unfit::VolumeNodeConflict => "had volume node affinity conflict",
+            Unfit::VolumeBindConflict => "didn't find available persistent volumes to bind",
+            Unfit::VolumeZoneConflict => "had no available volume zone",
         }
     }
 }
@@ -80,7 +93,7 @@ const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
 /// Checks everything but devices, as kube-scheduler's per-node filters do: NodeUnschedulable,
 /// NodeAffinity/TaintToleration (and the GPU model), NodeResourcesFit for CPU, memory, pods and
-/// every extended resource, NodePorts.
+/// every extended resource, NodePorts, VolumeBinding and VolumeZone.
 pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
     let tolerates_cordon = || {
         let taint = crate::model::Taint {
@@ -115,6 +128,15 @@ pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
     }
     if workload.host_ports.iter().any(|p| node.host_ports.iter().any(|q| p.conflicts(q))) {
         return Err(Unfit::HostPortTaken);
+    }
+    for need in &workload.volumes {
+        if !need.admits(node) {
+            return Err(match need {
+                VolumeNeed::NodeAffinity { bound: true, .. } => Unfit::VolumeNodeConflict,
+                VolumeNeed::NodeAffinity { bound: false, .. } => Unfit::VolumeBindConflict,
+                VolumeNeed::Zone { .. } => Unfit::VolumeZoneConflict,
+            });
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use super::fit::Unfit;
 use super::policy::{Policy, TieBreak};
 use crate::model::{
     DeviceAssignment, GpuDemand, Node, NodeId, NodeSelectorRequirement, Resources, Toleration, Workload,
+    HOSTNAME_LABEL,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -35,6 +36,7 @@ struct ShapeKey {
     tolerations: Vec<Toleration>,
     extended: BTreeMap<String, u64>,
     host_ports: Vec<crate::model::HostPort>,
+    volumes: Vec<crate::model::VolumeNeed>,
 }
 
 impl ShapeKey {
@@ -48,6 +50,7 @@ impl ShapeKey {
             tolerations: w.tolerations.clone(),
             extended: w.extended.clone(),
             host_ports: w.host_ports.clone(),
+            volumes: w.volumes.clone(),
         }
     }
 }
@@ -86,16 +89,44 @@ pub struct Placer<'p> {
     class_keys: HashMap<u64, u32>,
     /// `static_fit[shape][class]`: whether the shape fits an empty node of the class at all.
     static_fit: Vec<Vec<Option<bool>>>,
-    /// Pods on the nodes with required anti-affinity: while there are none, pods without affinity
-    /// terms or spread constraints skip the cluster-wide filters.
-    anti_holders: usize,
+    /// Pods by label and by what their anti-affinity selects, nodes by topology domain: what the
+    /// cluster-wide filters look up.
+    index: super::interpod::ClusterIndex,
+}
+
+/// Whether a workload's node selector or required node affinity names a host (the label or the
+/// node's name): then nodes of one class differ for it.
+fn names_a_host(w: &Workload) -> bool {
+    w.node_selector.contains_key(HOSTNAME_LABEL)
+        || w.affinity_terms.iter().flatten().any(|r| r.key == HOSTNAME_LABEL)
+        || w.volumes.iter().any(crate::model::VolumeNeed::names_a_host)
+}
+
+/// Whether a shape can run on an empty node of the class (computed once per pair). A free
+/// function over the fields it needs, so a scan can hold the nodes borrowed meanwhile.
+fn statically_fits(
+    static_fit: &mut [Vec<Option<bool>>],
+    nodes: &[Node],
+    class_reps: &[NodeId],
+    (shape, class): (usize, u32),
+    workload: &Workload,
+) -> bool {
+    if let Some(v) = static_fit[shape][class as usize] {
+        return v;
+    }
+    let rep = emptied(&nodes[class_reps[class as usize]]);
+    let v = super::fit::candidates(&rep, workload).is_ok();
+    static_fit[shape][class as usize] = Some(v);
+    v
 }
 
 /// Hash of what decides whether a shape can ever run on a node.
 fn static_key(node: &Node) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    node.labels.hash(&mut h);
+    // Every node has its own hostname label; with it, no two nodes would share a class. Pods
+    // that select by hostname skip the class check ([`names_a_host`]).
+    node.labels.iter().filter(|(k, _)| k.as_str() != HOSTNAME_LABEL).for_each(|kv| kv.hash(&mut h));
     node.taints.hash(&mut h);
     node.allocatable.hash(&mut h);
     node.gpu_model.hash(&mut h);
@@ -166,7 +197,7 @@ impl<'p> Placer<'p> {
             class_reps: Vec::new(),
             class_keys: HashMap::new(),
             static_fit: Vec::new(),
-            anti_holders: 0,
+            index: Default::default(),
         };
         for node in nodes {
             placer.push_node(node);
@@ -175,9 +206,9 @@ impl<'p> Placer<'p> {
     }
 
     fn push_node(&mut self, node: Node) -> NodeId {
-        self.anti_holders += node.residents.iter().filter(|r| !r.anti_affinity.is_empty()).count();
         let key = static_key(&node);
         let id = self.nodes.len();
+        self.index.add_node(id, &node);
         let next = self.class_reps.len() as u32;
         let class = *self.class_keys.entry(key).or_insert(next);
         if class == next {
@@ -189,17 +220,6 @@ impl<'p> Placer<'p> {
         self.class_of.push(class);
         self.nodes.push(node);
         id
-    }
-
-    /// Whether a shape can run on an empty node of the class (computed once per pair).
-    fn statically_fits(&mut self, shape: usize, class: u32, workload: &Workload) -> bool {
-        if let Some(v) = self.static_fit[shape][class as usize] {
-            return v;
-        }
-        let rep = emptied(&self.nodes[self.class_reps[class as usize]]);
-        let v = super::fit::candidates(&rep, workload).is_ok();
-        self.static_fit[shape][class as usize] = Some(v);
-        v
     }
 
     /// Scores only part of a large cluster per workload, as kube-scheduler does: the scan stops
@@ -246,6 +266,23 @@ impl<'p> Placer<'p> {
         self.push_node(node)
     }
 
+    /// Takes a node out of consideration for good (one a scale-up opened and did not use): no
+    /// pod is placed on it and, its labels gone, it is no topology domain of spread or affinity.
+    pub fn retire(&mut self, id: NodeId) {
+        self.index.remove_node_labels(id, &self.nodes[id]);
+        let node = &mut self.nodes[id];
+        node.state = crate::model::NodeState::Deleting;
+        node.labels.clear();
+        self.invalidate(id);
+    }
+
+    /// Whether `workload` could run on `node` were it added empty (a node a scale-up would
+    /// create): the per-node filters, and the cluster-wide ones against the pods placed so far.
+    pub fn fits_added(&self, node: &Node, workload: &Workload) -> Result<(), Unfit> {
+        super::fit::candidates(node, workload)?;
+        super::interpod::verdict_on_added(&self.nodes, node, workload, &self.index)
+    }
+
     /// Finds the best node for `workload` without placing it. On failure, returns the most
     /// common reason among nodes (for reporting).
     pub fn find(&mut self, workload: &Workload) -> Result<Placement, Unfit> {
@@ -259,9 +296,10 @@ impl<'p> Placer<'p> {
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
         let shape = self.shape_index(workload);
+        let by_class = !names_a_host(workload);
         // Pod affinity and spread depend on the whole cluster, not on the node and shape: judged
         // afresh for each workload, never cached.
-        let interpod = super::interpod::verdicts(&self.nodes, workload, self.anti_holders);
+        let interpod = super::interpod::judge(&self.nodes, None, workload, &self.index);
         let mut best = f64::NEG_INFINITY;
         let mut chosen: Option<NodeId> = None;
         let mut ties = 0u32;
@@ -277,12 +315,9 @@ impl<'p> Placer<'p> {
             if !allowed(id) {
                 continue;
             }
-            if let Some(Err(u)) = interpod.as_ref().map(|v| v[id]) {
-                reasons[u as usize] += 1;
-                continue;
-            }
-            if let Some(s) = shape {
-                if !self.statically_fits(s, self.class_of[id], workload) {
+            if let Some(s) = shape.filter(|_| by_class) {
+                let key = (s, self.class_of[id]);
+                if !statically_fits(&mut self.static_fit, &self.nodes, &self.class_reps, key, workload) {
                     reasons[Unfit::NodeMismatch as usize] += 1;
                     continue;
                 }
@@ -299,6 +334,14 @@ impl<'p> Placer<'p> {
                     v
                 }
                 Some(v) => v,
+            };
+            // The cluster-wide filters, judged only for nodes the per-node ones admit.
+            let verdict = match (verdict, &interpod) {
+                (Cached::Score(_), Some(j)) => match j.on(id, &self.nodes[id]) {
+                    Ok(()) => verdict,
+                    Err(u) => Cached::Unfit(u),
+                },
+                _ => verdict,
             };
             if matches!(verdict, Cached::Score(_)) {
                 feasible += 1;
@@ -357,15 +400,20 @@ impl<'p> Placer<'p> {
 
     /// Records an allocation decided elsewhere (e.g. a running pod) on its node.
     pub fn commit(&mut self, workload: &Workload, placement: &Placement) {
-        self.anti_holders += usize::from(!workload.pod_anti_affinity().is_empty());
+        if let Some(id) = &workload.identity {
+            self.index.add_pod(placement.node, id);
+        }
         self.nodes[placement.node].allocate_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }
 
     /// Removes an allocation (a departed or evicted workload).
     pub fn release(&mut self, workload: &Workload, placement: &Placement) {
-        self.anti_holders =
-            self.anti_holders.saturating_sub(usize::from(!workload.pod_anti_affinity().is_empty()));
+        if let Some(id) = &workload.identity {
+            if self.nodes[placement.node].residents.iter().any(|r| std::sync::Arc::ptr_eq(r, id)) {
+                self.index.remove_pod(placement.node, id);
+            }
+        }
         self.nodes[placement.node].release_pod(workload, &placement.devices);
         self.invalidate(placement.node);
     }

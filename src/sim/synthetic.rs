@@ -118,3 +118,40 @@ pub fn cluster(
     }
     (snapshot, groups)
 }
+
+/// Gives every pod a namespace and an `app` label, as pods of a real cluster have, and a `share`
+/// of them the inter-pod constraints services use: half required anti-affinity to their own
+/// replicas per host, half a zone spread (`maxSkew: 1`, `DoNotSchedule`) over their replicas.
+/// Running pods keep their nodes (constraints apply when pods are placed).
+pub fn with_interpod(snapshot: &mut ClusterSnapshot, share: f64, seed: u64) {
+    use crate::model::{LabelSelector, PodAffinityTerm, PodIdentity, SpreadConstraint};
+    use std::sync::Arc;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1f7e_4a0d);
+    for w in &mut snapshot.workloads {
+        let namespace = w.id.split('/').next().unwrap_or_default().to_string();
+        // Services of ~25 replicas each.
+        let app = format!("svc-{}", rng.random_range(0..(snapshot.nodes.len() / 5).max(1)));
+        let labels = std::collections::BTreeMap::from([("app".to_string(), app.clone())]);
+        let same_app = LabelSelector { match_labels: labels.clone(), ..Default::default() };
+        let mut anti_affinity = Vec::new();
+        if rng.random_bool(share) {
+            if rng.random_bool(0.5) {
+                anti_affinity.push(PodAffinityTerm {
+                    selector: same_app,
+                    namespaces: vec![namespace.clone()],
+                    topology_key: crate::model::HOSTNAME_LABEL.into(),
+                });
+            } else {
+                w.spread.push(SpreadConstraint {
+                    max_skew: 1,
+                    topology_key: "topology.kubernetes.io/zone".into(),
+                    selector: same_app,
+                    min_domains: 1,
+                    honor_node_affinity: true,
+                    honor_node_taints: false,
+                });
+            }
+        }
+        w.identity = Some(Arc::new(PodIdentity { namespace, labels, anti_affinity }));
+    }
+}

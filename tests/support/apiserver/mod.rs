@@ -60,7 +60,8 @@
 //! # What it implements
 //!
 //! - Resources (see `resources.rs`): core/v1 namespaces, nodes, pods, configmaps, events,
-//!   services; policy/v1 poddisruptionbudgets; coordination.k8s.io/v1 leases; events.k8s.io/v1
+//!   services, persistentvolumeclaims, persistentvolumes; storage.k8s.io/v1 storageclasses;
+//!   policy/v1 poddisruptionbudgets; coordination.k8s.io/v1 leases; events.k8s.io/v1
 //!   events; scheduling.x-k8s.io/v1alpha1 podgroups (as a custom resource). Cluster-scoped,
 //!   namespaced and all-namespace paths; `/version`, `/api`, `/apis` and per-group discovery.
 //! - One global resourceVersion; every write bumps it and becomes a watch event. Server-set
