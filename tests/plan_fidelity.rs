@@ -37,12 +37,27 @@ fn pod(name: &str, app: &str, node: Option<&str>) -> Value {
     p
 }
 
+/// The snapshot `objects` make, as `gpuscale plan` reads it.
+fn snapshot_of(objects: Vec<Value>) -> gpuscale::k8s::LoadedSnapshot {
+    let objects: Vec<SourcedObject> = objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
+    gpuscale::k8s::convert(&objects).expect("a valid snapshot")
+}
+
+/// The plan (without scale-down) for `objects` and the node groups of a provider config, if any.
+fn plan_of(objects: Vec<Value>, groups_yaml: Option<&str>) -> gpuscale::planner::Plan {
+    let groups = groups_yaml.map_or_else(Vec::new, |yaml| {
+        gpuscale::providers::config::load_strs(&[("groups.yaml", yaml)])
+            .expect("valid provider config")
+            .node_groups()
+    });
+    let input =
+        PlanInput { snapshot: snapshot_of(objects).snapshot, groups, unavailable: Default::default() };
+    planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() })
+}
+
 /// The pods of `objects` the planner places on existing nodes, by name.
 fn placed(objects: Vec<Value>) -> Vec<(String, String)> {
-    let objects: Vec<SourcedObject> = objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
-    let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
-    let input = PlanInput { snapshot, groups: Vec::new(), unavailable: Default::default() };
-    let plan = planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() });
+    let plan = plan_of(objects, None);
     plan.placements.iter().map(|p| (p.pod.clone(), p.node.clone())).collect()
 }
 
@@ -114,13 +129,7 @@ accounts:
 /// The plan for `objects` with the zonal groups, as (group, from, to) per scale-up and the pods
 /// left unschedulable.
 fn scale_ups(objects: Vec<Value>, groups_yaml: &str) -> (Vec<(String, u32, u32)>, Vec<String>) {
-    let objects: Vec<SourcedObject> = objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
-    let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
-    let groups = gpuscale::providers::config::load_strs(&[("groups.yaml", groups_yaml)])
-        .expect("valid provider config")
-        .node_groups();
-    let input = PlanInput { snapshot, groups, unavailable: Default::default() };
-    let plan = planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() });
+    let plan = plan_of(objects, Some(groups_yaml));
     let ups = plan
         .scale_ups
         .iter()
@@ -305,14 +314,7 @@ fn a_volume_in_a_zone_no_group_serves_is_unschedulable_with_the_filter() {
         pv("pv-c", "gp3", Some("us-east-1c"), None, Some("data")),
         with_claim(replica("db", "db"), "data"),
     ];
-    let objects: Vec<SourcedObject> = objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
-    let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
-    let groups =
-        gpuscale::providers::config::load_strs(&[("g.yaml", ZONAL_GROUPS)]).expect("config").node_groups();
-    let plan = planner::plan(
-        &PlanInput { snapshot, groups, unavailable: Default::default() },
-        &PlannerSettings { scale_down: false, ..Default::default() },
-    );
+    let plan = plan_of(objects, Some(ZONAL_GROUPS));
     assert!(plan.scale_ups.is_empty(), "{:?}", plan.scale_ups);
     let reason = &plan.unschedulable.iter().find(|u| u.pod == "ml/db").expect("reported").reason;
     assert!(reason.contains("volume node affinity conflict"), "{reason}");
@@ -374,9 +376,7 @@ fn claims_no_node_can_serve_are_reported_as_kube_scheduler_words_them() {
         let (ups, unschedulable) = scale_ups(objects.clone(), ZONAL_GROUPS);
         assert!(ups.is_empty(), "{expected}: {ups:?}");
         assert_eq!(unschedulable, vec!["ml/db".to_string()], "{expected}");
-        let objects: Vec<SourcedObject> =
-            objects.into_iter().map(|o| SourcedObject::new("test", o)).collect();
-        let snapshot = gpuscale::k8s::convert(&objects).expect("a valid snapshot").snapshot;
+        let snapshot = snapshot_of(objects).snapshot;
         let db = snapshot.workloads.iter().find(|w| w.id == "ml/db").unwrap();
         assert!(
             db.volume_blocked.as_deref().is_some_and(|r| r.contains(expected)),
