@@ -405,6 +405,18 @@ impl Workload {
                 || node.gpu_model.as_ref().is_some_and(|m| self.gpu_models.contains(m)))
     }
 
+    /// What the pod holds on a node besides its devices, all that [`Node::release_pod`] gives
+    /// back (so a simulated eviction frees its pod slot, extended resources and host ports too).
+    pub fn footprint(&self) -> Workload {
+        Workload {
+            requests: self.requests,
+            extended: self.extended.clone(),
+            host_ports: self.host_ports.clone(),
+            identity: self.identity.clone(),
+            ..Default::default()
+        }
+    }
+
     /// Required pod anti-affinity terms (kept in [`Self::identity`], which nodes share).
     pub fn pod_anti_affinity(&self) -> &[PodAffinityTerm] {
         self.identity.as_deref().map_or(&[], |i| &i.anti_affinity)

@@ -228,7 +228,7 @@ impl Gate {
                     tenant: self.tenant_of[*pi],
                     priority: self.priority[*pi],
                     node: n,
-                    requests: p.requests,
+                    footprint: p.footprint(),
                     devices: devices.clone(),
                     usage,
                     lost_gpu_seconds: gpus * ran,

@@ -340,7 +340,7 @@ fn replay(
                             tenant: Some(pods[r].tenant),
                             priority: pods[r].w.priority,
                             node: pl.node,
-                            requests: pods[r].w.requests,
+                            footprint: pods[r].w.footprint(),
                             devices: pl.devices.clone(),
                             usage: pods[r].demand.clone(),
                             lost_gpu_seconds: pods[r].gpu_milli as f64 / 1000.0

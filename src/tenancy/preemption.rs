@@ -32,8 +32,9 @@ pub struct RunningPod {
     pub priority: i32,
     /// Node index it runs on.
     pub node: usize,
-    /// CPU and memory it holds.
-    pub requests: crate::model::Resources,
+    /// What it holds on its node besides devices (CPU, memory, its pod slot, extended resources,
+    /// host ports, its place in others' pod affinity): [`Workload::footprint`].
+    pub footprint: Workload,
     /// Devices it holds.
     pub devices: DeviceAssignment,
     /// Its quota usage.
@@ -137,7 +138,7 @@ pub fn cheapest_victims(
             for &v in set {
                 let r = &running[v];
                 if r.node == n {
-                    node.release(&r.requests, &r.devices);
+                    node.release_pod(&r.footprint, &r.devices);
                 }
                 if let Some(t) = r.tenant {
                     l.release(t, &r.usage);
@@ -166,7 +167,7 @@ pub fn cheapest_victims(
             }
             set.push(i);
             if r.node == n {
-                sim_node.release(&r.requests, &r.devices);
+                sim_node.release_pod(&r.footprint, &r.devices);
             }
             if let Some(t) = r.tenant {
                 sim.release(t, &r.usage);
@@ -300,14 +301,14 @@ mod tests {
             ..Default::default()
         };
         let devices = fit::candidates(node_state, &w).unwrap().remove(0);
-        node_state.allocate(&w.requests, &devices);
+        node_state.allocate_pod(&w, &devices);
         RunningPod {
             workload: i,
             id: w.id.clone(),
             tenant: Some(tenant),
             priority,
             node: 0,
-            requests: w.requests,
+            footprint: w.footprint(),
             devices,
             usage: usage_of(&w, None),
             lost_gpu_seconds: lost,
@@ -358,6 +359,31 @@ mod tests {
         assert_eq!(d.choice, Choice::ScaleUp, "{}", d.reason);
         assert!(d.reason.contains("g6.xlarge at $0.80 over 1h"), "{}", d.reason);
         assert_eq!(decide(None, None, &cfg).choice, Choice::Wait);
+    }
+
+    #[test]
+    fn an_eviction_frees_the_victims_pod_slot() {
+        // GPUs are free but the node is at its pod limit: only evicting a pod makes room, as
+        // kube-scheduler's preemption frees the victim's slot with its resources.
+        let t = Tenants::new(
+            &TenancyConfig::parse(
+                Path::new("t"),
+                "tenants: [{name: a, quotas: {nvidia.com/gpu: {nominal: 16}}}]",
+            )
+            .unwrap(),
+        );
+        let mut n = Node { max_pods: 2, ..node(8) };
+        let pods = vec![running(&mut n, 0, 0, 0, 1, 600.0), running(&mut n, 1, 0, 0, 1, 60.0)];
+        let mut ledger = Ledger::new(&t);
+        for p in &pods {
+            ledger.charge(0, &p.usage);
+        }
+        let w = Workload { id: "t/high".into(), gpu: GpuDemand::Whole { count: 1 }, ..Default::default() };
+        let demand = usage_of(&w, None);
+        let c = Claimant { workload: &w, tenant: Some(0), priority: 500, demand: &demand };
+        assert_eq!(fit::candidates(&n, &w).unwrap_err(), fit::Unfit::TooManyPods);
+        let v = cheapest_victims(&t, &ledger, &[n], &pods, &c).expect("a victim frees a slot");
+        assert_eq!(v.victims, vec![1], "the one with less work lost");
     }
 
     #[test]
