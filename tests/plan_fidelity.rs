@@ -359,6 +359,20 @@ fn claims_no_node_can_serve_are_reported_as_kube_scheduler_words_them() {
             vec![storage_class("fast", "ebs.csi.aws.com", "Immediate", &[])],
             "persistentvolumeclaim \"data\" not found",
         ),
+        // A claim that asks for no class (`""`) binds only through the volume controller, even
+        // with a default WaitForFirstConsumer class in the cluster.
+        (
+            vec![
+                {
+                    let mut c = storage_class("gp3", "ebs.csi.aws.com", "WaitForFirstConsumer", &[]);
+                    c["metadata"]["annotations"] =
+                        json!({"storageclass.kubernetes.io/is-default-class": "true"});
+                    c
+                },
+                pvc("data", None, "", &["ReadWriteOnce"]),
+            ],
+            "pod has unbound immediate PersistentVolumeClaims",
+        ),
         // A ReadWriteOncePod claim another running pod uses (volumerestrictions).
         (
             vec![

@@ -102,7 +102,12 @@ impl Storage {
                 // An ephemeral volume's claim is made by a controller right after the pod; it
                 // asks what its template's class asks.
                 match ephemeral {
-                    Some(class) => match self.unbound(&id, class.as_deref(), None, warnings)? {
+                    Some(class) => match self.unbound(
+                        &id,
+                        class.or_else(|| self.default_class()).as_deref(),
+                        None,
+                        warnings,
+                    )? {
                         Ok(mut n) => needs.append(&mut n),
                         Err(reason) => return Ok(Err(reason)),
                     },
@@ -169,8 +174,9 @@ impl Storage {
         warnings: &mut Vec<String>,
     ) -> Result<Result<Vec<VolumeNeed>, String>, SnapshotError> {
         let immediate = Err("pod has unbound immediate PersistentVolumeClaims".to_string());
-        let class = class.map(str::to_string).or_else(|| self.default_class());
-        let Some(class_name) = class else { return Ok(immediate) };
+        // A claim without a class binds only to class-less volumes, through the volume
+        // controller: nothing the pod's node decides.
+        let Some(class_name) = class.map(str::to_string) else { return Ok(immediate) };
         let Some(sc) = self.classes.get(&class_name) else {
             return Ok(Err(format!("storageclass.storage.k8s.io \"{class_name}\" not found")));
         };
@@ -214,17 +220,20 @@ impl Storage {
         Ok(Ok(vec![VolumeNeed::NodeAffinity { claim: id.to_string(), bound: false, terms }]))
     }
 
-    /// The class marked default, if exactly one is (the API server's admission picks the newest
-    /// of several; a snapshot rarely has more than one).
+    /// The class marked default (what admission gives a claim made without one, such as an
+    /// ephemeral volume's); the first by name if several are.
     fn default_class(&self) -> Option<String> {
-        let mut marked = self.classes.iter().filter(|(_, c)| {
-            c.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
-                .is_some_and(|v| v == "true")
-        });
-        marked.next().map(|(n, _)| n.clone())
+        self.classes
+            .iter()
+            .filter(|(_, c)| {
+                c.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                    .is_some_and(|v| v == "true")
+            })
+            .map(|(n, _)| n.clone())
+            .min()
     }
 }
 

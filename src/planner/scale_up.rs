@@ -261,9 +261,11 @@ pub(crate) fn plan(
         // at a time up to the headroom. Nodes left empty are retired, never requested.
         let g = &groups[gi];
         let headroom = g.max_size.saturating_sub(g.target_size + added[gi]).min(max_new_nodes - total_new);
+        // Never more nodes than members: one each is the most any constraint can ask.
+        let most = (headroom as usize).min(unit.pods.len()).max(nodes as usize);
         let first_new = placer.nodes().len();
         let mut placed = None;
-        while placed.is_none() && placer.nodes().len() - first_new < headroom as usize {
+        while placed.is_none() && placer.nodes().len() - first_new < most {
             let want = if placer.nodes().len() == first_new { nodes as usize } else { 1 };
             for _ in 0..want {
                 opened[gi] += 1;
@@ -296,7 +298,7 @@ pub(crate) fn plan(
                     unschedulable.push(Unschedulable {
                         pod: workloads[wi].id.clone(),
                         reason: format!(
-                            "does not fit {headroom} new {} node(s) with the pods placed so far",
+                            "does not fit {most} new {} node(s) with the pods placed so far",
                             g.instance_type
                         ),
                     });
