@@ -191,13 +191,6 @@ impl ClusterIndex {
     }
 }
 
-/// The verdict per node, or `None` when nothing constrains `w`. `holders` indexes the running pods
-/// with required anti-affinity and `index` the pods' labels, so that the counts visit only the
-/// nodes whose pods could matter.
-pub fn verdicts(nodes: &[Node], w: &Workload, index: &ClusterIndex) -> Option<Vec<Result<(), Unfit>>> {
-    judge(nodes, None, w, index).map(|j| nodes.iter().enumerate().map(|(id, n)| j.on(id, n)).collect())
-}
-
 /// The verdict on `extra`, a node not yet in `nodes` (an empty one a scale-up would add), as if
 /// it were.
 pub fn verdict_on_added(
@@ -207,6 +200,12 @@ pub fn verdict_on_added(
     index: &ClusterIndex,
 ) -> Result<(), Unfit> {
     judge(nodes, Some(extra), w, index).map_or(Ok(()), |j| j.on(nodes.len(), extra))
+}
+
+/// Whether a node carries every topology key of the pod's spread constraints (else it is no
+/// spread domain and cannot take the pod).
+fn has_spread_keys(w: &Workload, n: &Node) -> bool {
+    w.spread.iter().all(|c| n.labels.contains_key(&c.topology_key))
 }
 
 /// Adds, per topology pair, the pods on `nodes` each term selects (on the nodes `on` lists).
@@ -281,11 +280,9 @@ pub fn judge<'a>(
 
     // Spread: domains are the nodes the pod's node affinity (and, when honoured, taints) admit
     // that carry every constraint's key.
-    let keys: Vec<&str> = w.spread.iter().map(|c| c.topology_key.as_str()).collect();
-    let has_keys = |n: &Node| keys.iter().all(|k| n.labels.contains_key(*k));
     let mut spread_counts: Vec<BTreeMap<&str, u32>> = vec![BTreeMap::new(); w.spread.len()];
     let is_domain = |c: &crate::model::SpreadConstraint, n: &Node| {
-        has_keys(n)
+        has_spread_keys(w, n)
             && (!c.honor_node_affinity || w.allowed_by_node_affinity(n))
             && (!c.honor_node_taints || w.tolerates_taints_of(n))
     };
@@ -387,10 +384,6 @@ pub struct Judgement<'a> {
 }
 
 impl Judgement<'_> {
-    fn has_keys(&self, n: &Node) -> bool {
-        self.w.spread.iter().all(|c| n.labels.contains_key(&c.topology_key))
-    }
-
     /// The verdict on node `id` (the counts already hold its pods).
     pub fn on(&self, id: NodeId, node: &Node) -> Result<(), Unfit> {
         // Required affinity: every term's topology on the node, and a selected pod in each of its
@@ -430,7 +423,7 @@ impl Judgement<'_> {
             return if fits[id] { Ok(()) } else { Err(Unfit::TopologySpread) };
         }
         if !self.w.spread.is_empty() {
-            if !self.has_keys(node) {
+            if !has_spread_keys(self.w, node) {
                 return Err(Unfit::TopologySpread);
             }
             for (ci, c) in self.w.spread.iter().enumerate() {
@@ -452,7 +445,13 @@ mod tests {
     use crate::model::{DeviceAssignment, LabelSelector, PodAffinityTerm, SpreadConstraint};
     use std::sync::Arc;
 
-    /// The verdicts with the holders and index a placer would keep.
+    /// The verdict on every node, as a placer's scan would judge each; `None` when nothing
+    /// constrains `w`.
+    fn verdicts(nodes: &[Node], w: &Workload, index: &ClusterIndex) -> Option<Vec<Result<(), Unfit>>> {
+        judge(nodes, None, w, index).map(|j| nodes.iter().enumerate().map(|(id, n)| j.on(id, n)).collect())
+    }
+
+    /// The verdicts with the index a placer would keep.
     fn judged(nodes: &[Node], w: &Workload) -> Option<Vec<Result<(), Unfit>>> {
         verdicts(nodes, w, &ClusterIndex::of(nodes))
     }
