@@ -7,6 +7,7 @@
 mod apiserver;
 
 use apiserver::{FakeApiServer, Fault, RecordedRequest};
+use gpuscale::controller::health::Health;
 use gpuscale::controller::metrics::Metrics;
 use gpuscale::controller::rbac;
 use gpuscale::controller::status::{StatusPublisher, DRY_RUN_STATUS_CONFIGMAP, STATUS_CONFIGMAP};
@@ -351,6 +352,42 @@ async fn scale_down_failures_backoff_and_api_errors() {
     status.publish_plan(&plan(), &groups, false).await;
     let text = metrics.encode();
     assert!(text.contains("gpuscale_errors_total{kind=\"status\"} 3"), "{text}");
+    assert_all_allowed(&server);
+}
+
+/// A status write refused loop after loop (the RBAC fault of issue #27: only a counter moved)
+/// turns the replica unready with the cause, logs and records one Warning Event on the
+/// controller's own pod; one successful write makes it ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sustained_status_write_failures_turn_the_replica_unready_with_an_event() {
+    let server = cluster().await;
+    let health = Arc::new(Health::new(std::time::Duration::from_secs(60)));
+    health.set_synced(true);
+    let status = StatusPublisher::new(server.client(), NS, "gpuscale-7d9f-abc").with_health(health.clone());
+    let groups = vec![group(H100, 2)];
+    let cm_path = format!("/api/v1/namespaces/{NS}/configmaps");
+    // Two ConfigMaps per loop (the group's and the cluster's): the first loop's two failures
+    // are still a blip, the third failure in a row is not.
+    server.inject_fault(Fault::new("PATCH", &cm_path, 403, 2));
+    status.begin_loop();
+    status.publish_plan(&plan(), &groups, false).await;
+    assert_eq!(health.ready(), Ok(()), "two failures in a row are a blip");
+    assert!(events(&server, NS, "gpuscale-7d9f-abc", "StatusWriteFailed").is_empty());
+
+    server.inject_fault(Fault::new("PATCH", &cm_path, 403, 4));
+    for _ in 0..2 {
+        status.begin_loop();
+        status.publish_plan(&plan(), &groups, false).await;
+    }
+    let why = health.ready().expect_err("six failures in a row make the replica unready");
+    assert!(why.contains("6 failures in a row") && why.contains("403"), "{why}");
+    let ev = one_event(&server, NS, "gpuscale-7d9f-abc", "StatusWriteFailed");
+    assert_eq!((ev["type"].as_str(), ev["regarding"]["kind"].as_str()), (Some("Warning"), Some("Pod")));
+    assert!(ev["note"].as_str().is_some_and(|n| n.contains("403")), "{ev}");
+
+    status.begin_loop();
+    status.publish_plan(&plan(), &groups, false).await;
+    assert_eq!(health.ready(), Ok(()), "a written ConfigMap makes the replica ready again");
     assert_all_allowed(&server);
 }
 

@@ -96,6 +96,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let (status, status_task) =
             StatusPublisher::new(client.clone(), options.namespace.clone(), options.identity.clone())
                 .with_metrics(metrics.clone())
+                .with_health(health.clone())
                 .spawn();
         let observers: Vec<Arc<dyn Observer>> = vec![
             Arc::new(LogObserver),

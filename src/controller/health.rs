@@ -3,7 +3,9 @@
 //! `/healthz` is the liveness probe: it fails only when this replica is the leader and its loop
 //! has not completed within the staleness window (a wedged loop is fixed by a restart; a standby
 //! replica runs no loop and stays alive). `/readyz` is the readiness probe: the reflector caches
-//! have synced, so the snapshot the loop sees is complete.
+//! have synced, so the snapshot the loop sees is complete, and the status ConfigMaps are being
+//! written (after [`STATUS_FAILURES_UNREADY`] failed writes in a row the replica turns unready,
+//! so that a refused or failing status write shows in `kubectl get pods`, not only in a counter).
 
 use super::metrics::Metrics;
 use axum::extract::State;
@@ -12,12 +14,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Content type of OpenMetrics text.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Failed status writes in a row after which `/readyz` fails: one failure is a blip the next
+/// loop repairs, three loops' worth is a fault someone must fix (RBAC, quota, webhook).
+pub const STATUS_FAILURES_UNREADY: u32 = 3;
 
 /// Liveness and readiness state, shared by the loop (writer) and the HTTP server (reader).
 /// Times are nanoseconds since `base`, so that they fit atomics; `0` means never.
@@ -29,6 +35,8 @@ pub struct Health {
     leader: AtomicBool,
     leader_since: AtomicU64,
     last_loop: AtomicU64,
+    status_failures: AtomicU32,
+    status_error: Mutex<String>,
 }
 
 impl Health {
@@ -42,6 +50,8 @@ impl Health {
             leader: AtomicBool::new(false),
             leader_since: AtomicU64::new(0),
             last_loop: AtomicU64::new(0),
+            status_failures: AtomicU32::new(0),
+            status_error: Mutex::new(String::new()),
         }
     }
 
@@ -102,13 +112,31 @@ impl Health {
         }
     }
 
-    /// Readiness: `Err` while the caches have not synced.
-    pub fn ready(&self) -> Result<(), String> {
-        if self.is_synced() {
-            Ok(())
-        } else {
-            Err("reflector caches not synced yet".into())
+    /// Records a status write's outcome; returns the failures in a row, counting this one.
+    pub fn status_written(&self, result: Result<(), &str>) -> u32 {
+        match result {
+            Ok(()) => {
+                self.status_failures.store(0, Ordering::Release);
+                0
+            }
+            Err(why) => {
+                *self.status_error.lock().unwrap_or_else(|p| p.into_inner()) = why.to_string();
+                self.status_failures.fetch_add(1, Ordering::AcqRel).saturating_add(1)
+            }
         }
+    }
+
+    /// Readiness: `Err` while the caches have not synced, or while status writes keep failing.
+    pub fn ready(&self) -> Result<(), String> {
+        if !self.is_synced() {
+            return Err("reflector caches not synced yet".into());
+        }
+        let failures = self.status_failures.load(Ordering::Acquire);
+        if failures >= STATUS_FAILURES_UNREADY {
+            let why = self.status_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return Err(format!("status ConfigMaps not written ({failures} failures in a row): {why}"));
+        }
+        Ok(())
     }
 }
 

@@ -15,8 +15,12 @@
 //! acting one), carry `dryRun: "true"`, and the events say what *would* happen.
 //!
 //! Publishing is best effort: failures are logged and counted (`gpuscale_errors_total{kind=
-//! "status"}`), never returned, so that a status problem never stops scaling.
+//! "status"}`), never returned, so that a status problem never stops scaling. ConfigMap writes
+//! that keep failing are made visible where people look: `/readyz` fails (see
+//! [`super::health::Health::ready`]), an error is logged and a `StatusWriteFailed` warning Event
+//! lands on the controller's own pod.
 
+use super::health::{Health, STATUS_FAILURES_UNREADY};
 use super::metrics::Metrics;
 use crate::model::{dollars, ClusterSnapshot, NodeGroup, NodeState};
 use crate::planner::cluster::group_of;
@@ -61,6 +65,8 @@ pub mod reason {
     pub const SCALE_DOWN_FAILED: &str = "ScaleDownFailed";
     /// The cloud refused a scale-up.
     pub const SCALE_UP_FAILED: &str = "ScaleUpFailed";
+    /// Status ConfigMaps keep failing to be written (on the controller's pod).
+    pub const STATUS_WRITE_FAILED: &str = "StatusWriteFailed";
 }
 
 /// Sanitises `s` into a DNS-1123 subdomain fragment: lower case, `[a-z0-9-]`, runs of other
@@ -126,7 +132,10 @@ pub struct StatusPublisher {
     client: Client,
     namespace: String,
     recorder: Recorder,
+    /// The controller's pod name (events' reporting instance).
+    instance: String,
     metrics: Option<Arc<Metrics>>,
+    health: Option<Arc<Health>>,
     dry_run: AtomicBool,
     memory: Mutex<Memory>,
 }
@@ -166,12 +175,15 @@ impl StatusPublisher {
     /// A publisher writing ConfigMaps to `namespace` (the controller's) and events as
     /// `gpuscale`/`instance` (the pod name, `POD_NAME`).
     pub fn new(client: Client, namespace: impl Into<String>, instance: impl Into<String>) -> Self {
-        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.into()) };
+        let instance = instance.into();
+        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance: Some(instance.clone()) };
         StatusPublisher {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             namespace: namespace.into(),
+            instance,
             metrics: None,
+            health: None,
             dry_run: AtomicBool::new(false),
             memory: Mutex::new(Memory::default()),
         }
@@ -180,6 +192,12 @@ impl StatusPublisher {
     /// Counts publishing failures in `metrics` (`errors_total{kind="status"}`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Reports ConfigMap writes to `health`, whose readiness fails while they keep failing.
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
         self
     }
 
@@ -418,8 +436,22 @@ impl StatusPublisher {
         };
         let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        if let Err(e) = api.patch(name, &params, &Patch::Apply(&cm)).await {
-            self.failed(&format!("applying ConfigMap {}/{name}", self.namespace), &e);
+        let result = api.patch(name, &params, &Patch::Apply(&cm)).await;
+        if let Err(e) = &result {
+            self.failed(&format!("applying ConfigMap {}/{name}", self.namespace), e);
+        }
+        let Some(health) = &self.health else { return };
+        let error = result.err().map(|e| e.to_string());
+        let failures = health.status_written(error.as_deref().map_or(Ok(()), Err));
+        if failures == STATUS_FAILURES_UNREADY {
+            let note = format!(
+                "{failures} status ConfigMap writes in {} failed in a row; the replica reports unready until one succeeds: {}",
+                self.namespace,
+                error.unwrap_or_default()
+            );
+            tracing::error!("status: {note}");
+            let pod = format!("{}/{}", self.namespace, self.instance);
+            self.pod_event(&pod, EventType::Warning, reason::STATUS_WRITE_FAILED, "Publish", note).await;
         }
     }
 

@@ -165,6 +165,7 @@ pub fn convert_node(
     if name.is_empty() {
         return Err(ctx.invalid("metadata.name", "", "a node needs a name"));
     }
+    super::validation::check_meta(&ctx, meta, false, warnings);
     let labels = meta.labels.clone().unwrap_or_default();
     let annotations = meta.annotations.clone().unwrap_or_default();
     let spec = k.spec.clone().unwrap_or_default();
@@ -199,6 +200,7 @@ pub fn convert_node(
         .flatten()
         .enumerate()
         .map(|(i, t)| {
+            super::validation::check_taint(&ctx, i, t, warnings);
             let effect = match t.effect.as_str() {
                 "NoSchedule" => TaintEffect::NoSchedule,
                 "PreferNoSchedule" => TaintEffect::PreferNoSchedule,

@@ -621,6 +621,7 @@ pub fn convert_pod(
     if name.is_empty() {
         return Err(ctx.invalid("metadata.name", "", "a pod needs a name"));
     }
+    super::validation::check_meta(&ctx, meta, true, warnings);
     match k.status.as_ref().and_then(|s| s.phase.as_deref()) {
         None | Some("Pending" | "Running") => {}
         Some("Succeeded" | "Failed") => return Ok(None),

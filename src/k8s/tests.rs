@@ -713,3 +713,30 @@ fn with_running(l: &LoadedSnapshot) -> Vec<crate::model::Node> {
     }
     nodes
 }
+
+/// Objects a real API server would have refused (issue #27: the embedded example once had a
+/// label value with spaces) load with a warning naming the object, field and value.
+#[test]
+fn objects_a_real_server_refuses_are_warned_about() {
+    let mut n = node(
+        "gpu-1",
+        json!({"node.kubernetes.io/instance-type": "g6.12xlarge", "provider": "Amazon EC2 g6.12xlarge"}),
+        json!({"cpu": "47", "memory": "180Gi"}),
+    );
+    n["spec"]["taints"] = json!([{"key": "bad key", "value": "ok", "effect": "NoSchedule"}]);
+    n["metadata"]["annotations"] = json!({"Example.COM/Mixed-Case": "fine", "two/slashes/here": "bad"});
+    let mut p = pod("ML", "Train_0", gpu_container(json!({"nvidia.com/gpu": "1"})));
+    p["metadata"]["labels"] = json!({"app": "train"});
+    let loaded = load(vec![n, p]).expect("a refusable object still loads");
+    let w = loaded.warnings.join("\n");
+    for expected in [
+        "test[0]: Node gpu-1: metadata.labels[provider] \"Amazon EC2 g6.12xlarge\": a real API server refuses",
+        "test[0]: Node gpu-1: spec.taints[0].key \"bad key\": a real API server refuses",
+        "test[0]: Node gpu-1: metadata.annotations key \"two/slashes/here\"",
+        "test[1]: Pod ML/Train_0: metadata.name \"Train_0\"",
+        "test[1]: Pod ML/Train_0: metadata.namespace \"ML\"",
+    ] {
+        assert!(w.contains(expected), "missing {expected:?} in:\n{w}");
+    }
+    assert_eq!(w.matches("a real API server refuses").count(), 5, "{w}");
+}

@@ -64,6 +64,7 @@ pub fn build<'p>(
     groups: &[NodeGroup],
     policy: &'p dyn crate::scheduler::Policy,
     seed: u64,
+    taints: TaintRules,
     warnings: &mut Vec<String>,
 ) -> (Placer<'p>, Vec<NodeInfo>) {
     let mut nodes = Vec::with_capacity(snapshot.nodes.len());
@@ -75,9 +76,14 @@ pub fn build<'p>(
         let mut origin = Origin::Ready;
         if matches!(node.state, NodeState::Initializing | NodeState::Ready) {
             // A registering node carries taints that go when it turns Ready (and a Ready one
-            // until the node lifecycle controller catches up); planned as it will be, or every
-            // pod waiting for it would ask for yet another node.
-            node.taints.retain(|t| !STARTUP_CONDITION_TAINTS.contains(&t.key.as_str()));
+            // until the node lifecycle controller or its startup agent catches up); planned as it
+            // will be, or every pod waiting for it would ask for yet another node. Until its
+            // startup taints are gone it is still starting: capacity on its way, never drained.
+            let before = node.taints.len();
+            node.taints.retain(|t| !taints.is_startup(&t.key));
+            if node.taints.len() < before {
+                origin = Origin::Initializing;
+            }
         }
         if node.state == NodeState::Initializing {
             origin = Origin::Initializing;
@@ -156,8 +162,7 @@ const NODE_SPECIFIC_LABELS: &[&str] =
 
 /// Taints that Kubernetes, cloud controllers and autoscalers put on nodes while they run (node
 /// conditions, cordons, deletion marks; Cluster Autoscaler keeps the same list): a node that
-/// starts anew never has them, so they are never learned into a group's template. With the
-/// [`STARTUP_CONDITION_TAINTS`], which [`is_transient_taint`] also counts.
+/// starts anew never has them, so they are never learned into a group's template.
 pub const TRANSIENT_TAINTS: &[&str] = &[
     "node.kubernetes.io/unschedulable",
     "node.kubernetes.io/memory-pressure",
@@ -181,16 +186,56 @@ pub const STARTUP_CONDITION_TAINTS: &[&str] = &[
     "node.cloudprovider.kubernetes.io/uninitialized",
 ];
 
-/// Whether `key` is one of [`TRANSIENT_TAINTS`] or [`STARTUP_CONDITION_TAINTS`].
-pub fn is_transient_taint(key: &str) -> bool {
-    TRANSIENT_TAINTS.contains(&key) || STARTUP_CONDITION_TAINTS.contains(&key)
+/// Key prefixes Cluster Autoscaler gives meaning without configuration, so node pools set up for
+/// it work unchanged: a startup taint (or the older ignore-taint) is removed by an agent once the
+/// node has started; a status taint may come and go on a running node.
+const STARTUP_TAINT_PREFIXES: &[&str] =
+    &["startup-taint.cluster-autoscaler.kubernetes.io/", "ignore-taint.cluster-autoscaler.kubernetes.io/"];
+const STATUS_TAINT_PREFIX: &str = "status-taint.cluster-autoscaler.kubernetes.io/";
+
+/// Which taints a node sheds once started and which a new node never has, from the built-in
+/// lists and the config's `startupTaints` and `ignoredTaints`.
+#[derive(Debug, Clone, Copy)]
+pub struct TaintRules<'a> {
+    startup: &'a [String],
+    ignored: &'a [String],
+}
+
+impl<'a> TaintRules<'a> {
+    /// The rules of these settings.
+    pub fn of(settings: &'a super::PlannerSettings) -> Self {
+        Self { startup: &settings.startup_taints, ignored: &settings.ignored_taints }
+    }
+
+    /// A taint the node loses when it has started (Kubernetes' condition taints, Cluster
+    /// Autoscaler's startup prefixes, Karpenter-style configured `startupTaints`): pods need not
+    /// tolerate it, and a Ready node that still has one is still starting.
+    pub fn is_startup(&self, key: &str) -> bool {
+        STARTUP_CONDITION_TAINTS.contains(&key)
+            || STARTUP_TAINT_PREFIXES.iter().any(|p| key.starts_with(p))
+            || self.startup.iter().any(|k| k == key)
+    }
+
+    /// A taint a node that starts anew does not have: startup taints, run-time ones
+    /// ([`TRANSIENT_TAINTS`], status taints, configured `ignoredTaints`). Never learned into a
+    /// group's template; running nodes keep it, as kube-scheduler sees it there.
+    pub fn is_not_on_new_nodes(&self, key: &str) -> bool {
+        self.is_startup(key)
+            || TRANSIENT_TAINTS.contains(&key)
+            || key.starts_with(STATUS_TAINT_PREFIX)
+            || self.ignored.iter().any(|k| k == key)
+    }
 }
 
 /// Completes each group's template with what its registered nodes show (Cluster Autoscaler builds
 /// templates from real nodes the same way): labels all of them share and their common taints,
-/// less the [`TRANSIENT_TAINTS`].
+/// less those new nodes will not have ([`TaintRules::is_not_on_new_nodes`]).
 /// Pods select groups by such labels (node-group names, GFD labels) and tolerate the real taints.
-pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<NodeGroup> {
+pub fn learn_templates(
+    groups: &[NodeGroup],
+    snapshot: &ClusterSnapshot,
+    taints: TaintRules,
+) -> Vec<NodeGroup> {
     let mut learned = groups.to_vec();
     for (gi, g) in learned.iter_mut().enumerate() {
         let members: Vec<&Node> = snapshot
@@ -220,7 +265,7 @@ pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<
         g.template.taints = first
             .taints
             .iter()
-            .filter(|t| !is_transient_taint(&t.key))
+            .filter(|t| !taints.is_not_on_new_nodes(&t.key))
             .filter(|t| members.iter().all(|m| m.taints.contains(t)))
             .cloned()
             .collect();
@@ -232,6 +277,7 @@ pub fn learn_templates(groups: &[NodeGroup], snapshot: &ClusterSnapshot) -> Vec<
 mod tests {
     use super::*;
     use crate::model::Instance;
+    use crate::planner::PlannerSettings;
     use crate::providers::config;
     use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
 
@@ -254,9 +300,90 @@ mod tests {
         }
         a.taints.push(taint("only-on-a"));
         let snapshot = ClusterSnapshot { nodes: vec![a, b], ..Default::default() };
-        let learned = learn_templates(&groups, &snapshot);
+        let learned = learn_templates(&groups, &snapshot, TaintRules::of(&PlannerSettings::default()));
         let keys: Vec<&str> = learned[0].template.taints.iter().map(|t| t.key.as_str()).collect();
         assert_eq!(keys, vec!["nvidia.com/gpu"]);
+    }
+
+    /// Cluster Autoscaler's `taints_test.go` (`TestSanitizeTaints`) cases: startup, ignore and
+    /// status prefixes and configured keys are stripped from templates, other taints stay.
+    #[test]
+    fn configured_and_prefixed_startup_and_status_taints_are_never_learned() {
+        use crate::model::{Taint, TaintEffect};
+        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 1}\n";
+        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let taint =
+            |key: &str| Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule };
+        let mut node = template_node(&groups[0], "a".into(), NodeState::Ready);
+        node.taints = [
+            "node.cilium.io/agent-not-ready",
+            "example.com/maintenance",
+            "startup-taint.cluster-autoscaler.kubernetes.io/disk-setup",
+            "ignore-taint.cluster-autoscaler.kubernetes.io/legacy",
+            "status-taint.cluster-autoscaler.kubernetes.io/gpu-health",
+            "nvidia.com/gpu",
+        ]
+        .map(taint)
+        .to_vec();
+        let snapshot = ClusterSnapshot { nodes: vec![node], ..Default::default() };
+        let learned_keys = |settings: &PlannerSettings| {
+            let learned = learn_templates(&groups, &snapshot, TaintRules::of(settings));
+            learned[0].template.taints.iter().map(|t| t.key.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            learned_keys(&PlannerSettings::default()),
+            vec!["node.cilium.io/agent-not-ready", "example.com/maintenance", "nvidia.com/gpu"],
+            "the prefixes count without configuration"
+        );
+        let configured = PlannerSettings {
+            startup_taints: vec!["node.cilium.io/agent-not-ready".into()],
+            ignored_taints: vec!["example.com/maintenance".into()],
+            ..Default::default()
+        };
+        assert_eq!(learned_keys(&configured), vec!["nvidia.com/gpu"]);
+    }
+
+    /// A Ready node still carrying a startup taint (Karpenter's `startupTaints`: a daemon removes
+    /// it once the node is set up) is planned without it, as capacity still on its way; a status
+    /// taint stays, because kube-scheduler honours it on that node.
+    #[test]
+    fn a_ready_node_with_a_startup_taint_is_still_starting_and_planned_without_it() {
+        use crate::model::{Taint, TaintEffect};
+        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 2}\n";
+        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let taint =
+            |key: &str| Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule };
+        let mut starting = template_node(&groups[0], "starting".into(), NodeState::Ready);
+        starting.taints = vec![
+            taint("node.cilium.io/agent-not-ready"),
+            taint("status-taint.cluster-autoscaler.kubernetes.io/x"),
+        ];
+        let mut ready = template_node(&groups[0], "ready".into(), NodeState::Ready);
+        ready.taints = vec![taint("node.cilium.io/agent-not-ready")];
+        let snapshot = ClusterSnapshot { nodes: vec![starting, ready], ..Default::default() };
+        let policy =
+            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
+        let settings = PlannerSettings {
+            startup_taints: vec!["node.cilium.io/agent-not-ready".into()],
+            ..Default::default()
+        };
+        let (placer, info) =
+            build(&snapshot, &groups, policy.as_ref(), 1, TaintRules::of(&settings), &mut Vec::new());
+        let keys: Vec<&str> = placer.nodes()[0].taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, vec!["status-taint.cluster-autoscaler.kubernetes.io/x"]);
+        assert_eq!((info[0].origin, info[1].origin), (Origin::Initializing, Origin::Initializing));
+        let (placer, info) = build(
+            &snapshot,
+            &groups,
+            policy.as_ref(),
+            1,
+            TaintRules::of(&PlannerSettings::default()),
+            &mut Vec::new(),
+        );
+        assert_eq!(placer.nodes()[1].taints.len(), 1, "an unconfigured taint is the node's own");
+        assert_eq!(info[1].origin, Origin::Ready);
     }
 
     #[test]
@@ -276,7 +403,14 @@ mod tests {
         let snapshot = ClusterSnapshot { nodes: vec![booting], ..Default::default() };
         let policy =
             PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
-        let (placer, _) = build(&snapshot, &groups, policy.as_ref(), 1, &mut Vec::new());
+        let (placer, _) = build(
+            &snapshot,
+            &groups,
+            policy.as_ref(),
+            1,
+            TaintRules::of(&PlannerSettings::default()),
+            &mut Vec::new(),
+        );
         assert_eq!(placer.nodes()[0].taints, vec![own], "the not-ready taint goes, the node's own stays");
     }
 
@@ -294,7 +428,14 @@ mod tests {
         let snapshot = ClusterSnapshot { nodes: vec![managed, unmanaged], ..Default::default() };
         let policy =
             PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
-        let (placer, info) = build(&snapshot, &groups, policy.as_ref(), 1, &mut Vec::new());
+        let (placer, info) = build(
+            &snapshot,
+            &groups,
+            policy.as_ref(),
+            1,
+            TaintRules::of(&PlannerSettings::default()),
+            &mut Vec::new(),
+        );
         assert_eq!((info[0].group, info[1].group), (Some(0), None));
         assert_eq!(placer.nodes()[0].node_group.as_deref(), Some("gpu"));
         assert_eq!(placer.nodes()[1].node_group, None);

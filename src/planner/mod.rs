@@ -73,6 +73,17 @@ pub struct PlannerSettings {
     /// KAI, Volcano). Pods of any other scheduler are
     /// reported and left to it, neither placed nor scaled for.
     pub scheduler_names: Vec<String>,
+    /// Taint keys an agent removes from a node once it has started (a CNI or GPU-readiness agent),
+    /// as Karpenter's `startupTaints` and Cluster Autoscaler's `--startup-taint`: pods need not
+    /// tolerate them, new nodes are planned without them, and a Ready node that still has one is
+    /// still starting. Kubernetes' own condition taints and keys with Cluster Autoscaler's
+    /// `startup-taint.cluster-autoscaler.kubernetes.io/` prefix always count.
+    pub startup_taints: Vec<String>,
+    /// Taint keys a running node may carry that a new one will not (Cluster Autoscaler's
+    /// `--status-taint`): never copied from a group's nodes into its template. Kubernetes' and
+    /// autoscalers' run-time taints (pressure, cordon, deletion marks) and the
+    /// `status-taint.cluster-autoscaler.kubernetes.io/` prefix always count.
+    pub ignored_taints: Vec<String>,
     /// Planning time in seconds since the epoch, for waiting time and work lost (default: the
     /// newest pod creation time in the snapshot).
     #[serde(skip)]
@@ -100,6 +111,8 @@ impl Default for PlannerSettings {
             ]
             .map(String::from)
             .to_vec(),
+            startup_taints: Vec::new(),
+            ignored_taints: Vec::new(),
             now: None,
         }
     }
@@ -182,12 +195,13 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     let mut out = Plan::default();
     let snapshot = &input.snapshot;
     let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
-    let groups = cluster::learn_templates(&input.groups, snapshot);
+    let taints = cluster::TaintRules::of(settings);
+    let groups = cluster::learn_templates(&input.groups, snapshot, taints);
     let mut scale_nodes: Vec<_> = snapshot.nodes.clone();
     scale_nodes.extend(groups.iter().map(|g| g.template.clone()));
     let policy = settings.policy.build(&ClusterScale::of(&scale_nodes), &target);
     let (mut placer, mut info) =
-        cluster::build(snapshot, &groups, policy.as_ref(), settings.seed, &mut out.warnings);
+        cluster::build(snapshot, &groups, policy.as_ref(), settings.seed, taints, &mut out.warnings);
     out.cost_before = groups.iter().map(|g| u64::from(g.target_size) * g.price).sum();
 
     // 0. Tenancy: fair-share order, quota and workload-class admission.
