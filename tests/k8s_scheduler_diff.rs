@@ -8,7 +8,11 @@
 //! verdict does not depend on the order pods are scheduled in; the pod and its nodes draw from
 //! what kube-scheduler's filters check: resources (cpu, memory, pods, GPUs, EFA), taints and
 //! tolerations, cordons, node selectors and required node affinity, host ports, required pod
-//! affinity and anti-affinity (both directions), and topology spread.
+//! affinity and anti-affinity (both directions), topology spread, and volumes: claims bound to
+//! volumes with node affinity or zone labels, unbound `WaitForFirstConsumer` claims with local
+//! volumes on some nodes, `ReadWriteOncePod` claims in use, missing claims and claims whose
+//! binding is not complete. The test plays the volume controller's part for the claims
+//! kube-scheduler binds (no kube-controller-manager runs), so such pods are bound too.
 //!
 //! Every disagreement is printed one per line with both verdicts and the filters the pod
 //! exercises, and fails the test. `GPUSCALE_DIFF_SNAPSHOTS` (default 500) and `GPUSCALE_DIFF_SEED`
@@ -42,6 +46,8 @@ struct Snapshot {
     ns: String,
     nodes: Vec<Value>,
     pods: Vec<Value>,
+    /// PersistentVolumes and PersistentVolumeClaims, with the status each is to have.
+    storage: Vec<Value>,
     pending: String,
     uses: Uses,
 }
@@ -184,8 +190,162 @@ fn generate(i: usize, rng: &mut ChaCha8Rng) -> Snapshot {
         p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 8080, "hostPort": 8080}]);
         uses.add("host-port");
     }
+    let mut storage = Vec::new();
+    if rng.random_bool(0.35) {
+        let claim = add_volume(&ns, rng, &zones, &nodes, &mut pods, &mut storage, &mut uses);
+        p["spec"]["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+        // A small pod, so that the volume filters decide more often than the resources do.
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "250m", "memory": "256Mi"}});
+        p["spec"]["containers"][0].as_object_mut().unwrap().remove("ports");
+        for u in ["gpu", "extended-resource", "host-port"] {
+            uses.0.remove(u);
+        }
+    }
     pods.push(p);
-    Snapshot { ns, nodes, pods, pending, uses }
+    Snapshot { ns, nodes, pods, storage, pending, uses }
+}
+
+/// The `WaitForFirstConsumer` class of local volumes every snapshot's unbound claims use.
+const LOCAL_CLASS: &str = "diff-local";
+
+fn local_class() -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": LOCAL_CLASS},
+           "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer"})
+}
+
+/// A `ReadWriteOnce` volume of `size` in `class`; `claim` reserves it (a bound volume), `phase`
+/// is its status.
+fn pv(name: &str, class: &str, size: &str, claim: Option<(&str, &str)>, phase: &str) -> Value {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+        "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": class, "persistentVolumeReclaimPolicy": "Retain",
+                 "hostPath": {"path": format!("/tmp/{name}")}},
+        "status": {"phase": phase},
+    });
+    if let Some((ns, c)) = claim {
+        v["spec"]["claimRef"] =
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns, "name": c});
+    }
+    v
+}
+
+/// A claim of 5 GiB in `class`; `bound` names its volume and whether the binding is complete.
+fn pvc(ns: &str, name: &str, class: &str, mode: &str, bound: Option<(&str, bool)>) -> Value {
+    let mut c = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": ns},
+        "spec": {"accessModes": [mode], "storageClassName": class, "resources": {"requests": {"storage": "5Gi"}}},
+        "status": {"phase": "Pending"},
+    });
+    if let Some((volume, complete)) = bound {
+        c["spec"]["volumeName"] = json!(volume);
+        if complete {
+            c["metadata"]["annotations"] = json!({"pv.kubernetes.io/bind-completed": "yes"});
+            c["status"] = json!({"phase": "Bound", "accessModes": [mode], "capacity": {"storage": "10Gi"}});
+        }
+    }
+    c
+}
+
+fn node_affinity(key: &str, value: &str) -> Value {
+    json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}]}})
+}
+
+/// Gives the snapshot's pending pod a claim, one of the cases VolumeBinding, VolumeZone and
+/// VolumeRestrictions decide; returns the claim's name.
+fn add_volume(
+    ns: &str,
+    rng: &mut ChaCha8Rng,
+    zones: &[String; 2],
+    nodes: &[Value],
+    pods: &mut [Value],
+    storage: &mut Vec<Value>,
+    uses: &mut Uses,
+) -> String {
+    let claim = format!("{ns}-data");
+    let volume = format!("{ns}-pv");
+    let zone = pick(rng, zones).clone();
+    let bound = |mode: &str| pvc(ns, &claim, "", mode, Some((&volume, true)));
+    match rng.random_range(0..6) {
+        0 => {
+            let mut v = pv(&volume, "", "10Gi", Some((ns, &claim)), "Bound");
+            v["spec"]["nodeAffinity"] = node_affinity("topology.kubernetes.io/zone", &zone);
+            storage.extend([v, bound("ReadWriteOnce")]);
+            uses.add("volume-node-affinity");
+        }
+        1 => {
+            let mut v = pv(&volume, "", "10Gi", Some((ns, &claim)), "Bound");
+            v["metadata"]["labels"] = json!({"topology.kubernetes.io/zone": zone});
+            storage.extend([v, bound("ReadWriteOnce")]);
+            uses.add("volume-zone");
+        }
+        2 => {
+            for (j, n) in nodes.iter().enumerate() {
+                if rng.random_bool(0.7) {
+                    let host = n["metadata"]["name"].as_str().unwrap();
+                    let mut v = pv(
+                        &format!("{volume}{j}"),
+                        LOCAL_CLASS,
+                        *pick(rng, &["1Gi", "10Gi", "10Gi"]),
+                        None,
+                        "Available",
+                    );
+                    v["spec"]["nodeAffinity"] = node_affinity("kubernetes.io/hostname", host);
+                    storage.push(v);
+                }
+            }
+            storage.push(pvc(ns, &claim, LOCAL_CLASS, "ReadWriteOnce", None));
+            uses.add("volume-wait-for-first-consumer");
+        }
+        3 => {
+            let mut v = pv(&volume, "", "10Gi", Some((ns, &claim)), "Bound");
+            v["spec"]["accessModes"] = json!(["ReadWriteOncePod"]);
+            storage.extend([v, bound("ReadWriteOncePod")]);
+            if let Some(user) = pods.first_mut() {
+                user["spec"]["volumes"] =
+                    json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+            }
+            uses.add("volume-read-write-once-pod");
+        }
+        4 => uses.add("volume-missing-claim"),
+        _ => {
+            storage.extend([
+                pv(&volume, "", "10Gi", Some((ns, &claim)), "Available"),
+                pvc(ns, &claim, "", "ReadWriteOnce", Some((&volume, false))),
+            ]);
+            uses.add("volume-binding-incomplete");
+        }
+    }
+    claim
+}
+
+/// Plays the volume controller for claims kube-scheduler has bound to a volume (it sets the
+/// volume's claimRef and waits for the controller to finish): completes each such binding.
+async fn complete_bindings(cp: &ControlPlane) {
+    let volumes = cp.raw("GET", "/api/v1/persistentvolumes", None).await.expect("list volumes");
+    for v in volumes["items"].as_array().unwrap() {
+        let (Some(ns), Some(claim)) =
+            (v["spec"]["claimRef"]["namespace"].as_str(), v["spec"]["claimRef"]["name"].as_str())
+        else {
+            continue;
+        };
+        if v["status"]["phase"] != "Available" || v["spec"]["storageClassName"] != LOCAL_CLASS {
+            continue;
+        }
+        let name = v["metadata"]["name"].as_str().unwrap();
+        let path = format!("/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}");
+        cp.raw_patch(
+            &path,
+            &json!({"metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes"}}, "spec": {"volumeName": name}}),
+        )
+        .await;
+        cp.raw_patch(&format!("{path}/status"), &json!({"status": {"phase": "Bound"}})).await;
+        cp.raw_patch(
+            &format!("/api/v1/persistentvolumes/{name}/status"),
+            &json!({"status": {"phase": "Bound"}}),
+        )
+        .await;
+    }
 }
 
 fn pod(ns: &str, name: &str, app: &str, cpu: &str, mem: &str, gpus: u32, efa: u32) -> Value {
@@ -210,8 +370,15 @@ fn pod(ns: &str, name: &str, app: &str, cpu: &str, mem: &str, gpus: u32, efa: u3
 /// gpuscale's verdict: `Ok(node)` when the planner places the pending pod on an existing node,
 /// `Err(reason)` otherwise.
 fn plan_verdict(s: &Snapshot) -> Result<String, String> {
-    let objects: Vec<SourcedObject> =
-        s.nodes.iter().chain(&s.pods).map(|o| SourcedObject::new(s.ns.clone(), o.clone())).collect();
+    let class = local_class();
+    let objects: Vec<SourcedObject> = s
+        .nodes
+        .iter()
+        .chain(&s.pods)
+        .chain(&s.storage)
+        .chain([&class])
+        .map(|o| SourcedObject::new(s.ns.clone(), o.clone()))
+        .collect();
     let loaded = gpuscale::k8s::convert(&objects).map_err(|e| format!("conversion error: {e}"))?;
     let input = PlanInput { snapshot: loaded.snapshot, groups: Vec::new(), unavailable: Default::default() };
     let settings = PlannerSettings { scale_down: false, consolidation: false, ..Default::default() };
@@ -264,6 +431,17 @@ async fn plan_agrees_with_kube_scheduler_on_randomized_snapshots() {
             cp.raw("POST", &collection, Some(body)).await.unwrap_or_else(|e| panic!("create {path}: {e}"))
         }
     };
+    // Storage first, with the statuses the volume controller would have given it.
+    post(&local_class()).await;
+    let storage: Vec<&Value> = snaps.iter().flat_map(|s| s.storage.iter()).collect();
+    futures::stream::iter(storage.iter().map(|o| post(o))).buffer_unordered(16).collect::<Vec<_>>().await;
+    let set_status = |o: &Value| {
+        let path = format!("{}/status", controlplane::object_path(o));
+        let patch = json!({"status": o["status"]});
+        let cp = &cp;
+        async move { cp.raw_patch(&path, &patch).await }
+    };
+    futures::stream::iter(storage.into_iter().map(set_status)).buffer_unordered(16).collect::<Vec<_>>().await;
     let bound: Vec<&Value> = snaps
         .iter()
         .flat_map(|s| s.nodes.iter().chain(s.pods.iter().filter(|p| p["spec"]["nodeName"].is_string())))
@@ -294,6 +472,7 @@ async fn plan_agrees_with_kube_scheduler_on_randomized_snapshots() {
             decided.iter().filter(|d| d.is_none()).count()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
+        complete_bindings(&cp).await;
         let list = cp.raw("GET", "/api/v1/pods", None).await.expect("list pods");
         for p in list["items"].as_array().unwrap() {
             let name = p["metadata"]["name"].as_str().unwrap_or_default();
@@ -335,6 +514,21 @@ async fn plan_agrees_with_kube_scheduler_on_randomized_snapshots() {
     }
     for l in &disagree {
         println!("DISAGREE {l}");
+    }
+    // How often each filter was exercised, and kube-scheduler's verdicts on those pods.
+    let mut by_use: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    for (s, d) in snaps.iter().zip(&decided) {
+        for u in &s.uses.0 {
+            let e = by_use.entry(u).or_default();
+            if matches!(d, Some(Ok(_))) {
+                e.0 += 1;
+            } else {
+                e.1 += 1;
+            }
+        }
+    }
+    for (u, (fits, refused)) in &by_use {
+        println!("  {u}: {} pods, kube-scheduler bound {fits}, refused {refused}", fits + refused);
     }
     let bound = decided.iter().filter(|d| matches!(d, Some(Ok(_)))).count();
     println!(

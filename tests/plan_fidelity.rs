@@ -227,6 +227,7 @@ fn pvc(name: &str, volume: Option<&str>, class: &str, modes: &[&str]) -> Value {
     });
     if let Some(v) = volume {
         c["spec"]["volumeName"] = json!(v);
+        c["metadata"]["annotations"] = json!({"pv.kubernetes.io/bind-completed": "yes"});
         c["status"]["phase"] = json!("Bound");
     }
     c

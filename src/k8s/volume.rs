@@ -14,6 +14,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use std::collections::{BTreeSet, HashMap};
 
 /// The class that provisions nothing: its claims bind only to volumes made beforehand (local).
+/// The volume controller's mark on a claim whose binding is complete.
+const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+/// kube-scheduler's words for a claim that must bind before the pod is scheduled.
+const UNBOUND_IMMEDIATE: &str = "pod has unbound immediate PersistentVolumeClaims";
 const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
 /// The annotation that marks the cluster's default StorageClass.
 const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
@@ -126,8 +130,15 @@ impl Storage {
                         .into(),
                 ));
             }
-            let bound = object.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty());
-            match bound {
+            let named = object.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty());
+            let completed =
+                object.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(BIND_COMPLETED));
+            // Bound only once the volume controller has finished (`isPVCFullyBound`): a claim
+            // that names its volume before that is, to kube-scheduler, an unbound immediate one.
+            if named.is_some() && !completed {
+                return Ok(Err(UNBOUND_IMMEDIATE.into()));
+            }
+            match named {
                 Some(pv) => {
                     let Some((origin, volume)) = self.volumes.get(&pv) else {
                         return Ok(Err(format!("pvc(s) bound to non-existent pv(s): {pv}")));
@@ -173,7 +184,7 @@ impl Storage {
         claim: Option<&Claim<'_>>,
         warnings: &mut Vec<String>,
     ) -> Result<Result<Vec<VolumeNeed>, String>, SnapshotError> {
-        let immediate = Err("pod has unbound immediate PersistentVolumeClaims".to_string());
+        let immediate = Err(UNBOUND_IMMEDIATE.to_string());
         // A claim without a class binds only to class-less volumes, through the volume
         // controller: nothing the pod's node decides.
         let Some(class_name) = class.map(str::to_string) else { return Ok(immediate) };
