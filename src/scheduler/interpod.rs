@@ -15,7 +15,9 @@ type Pair<'a> = (&'a str, &'a str);
 /// service's replicas, not all 50,000 pods).
 #[derive(Debug, Clone, Default)]
 struct LabelIndex {
-    by_label: HashMap<(String, String), BTreeMap<NodeId, u32>>,
+    /// Label key, then value, then the nodes running such pods with their count. Nested, so a
+    /// lookup by `&str` allocates nothing and an update allocates only for a new key or value.
+    by_label: HashMap<String, HashMap<String, BTreeMap<NodeId, u32>>>,
 }
 
 impl LabelIndex {
@@ -34,12 +36,19 @@ impl LabelIndex {
     }
 
     fn add_pair(&mut self, node: NodeId, k: &str, v: &str) {
-        *self.by_label.entry((k.to_string(), v.to_string())).or_default().entry(node).or_default() += 1;
+        if !self.by_label.contains_key(k) {
+            self.by_label.insert(k.to_string(), HashMap::new());
+        }
+        let values = self.by_label.get_mut(k).expect("inserted above");
+        if !values.contains_key(v) {
+            values.insert(v.to_string(), BTreeMap::new());
+        }
+        *values.get_mut(v).expect("inserted above").entry(node).or_default() += 1;
     }
 
     fn remove_pair(&mut self, node: NodeId, k: &str, v: &str) {
-        let key = (k.to_string(), v.to_string());
-        if let Some(nodes) = self.by_label.get_mut(&key) {
+        let Some(values) = self.by_label.get_mut(k) else { return };
+        if let Some(nodes) = values.get_mut(v) {
             if let Some(c) = nodes.get_mut(&node) {
                 *c -= 1;
                 if *c == 0 {
@@ -47,9 +56,17 @@ impl LabelIndex {
                 }
             }
             if nodes.is_empty() {
-                self.by_label.remove(&key);
+                values.remove(v);
             }
         }
+        if values.is_empty() {
+            self.by_label.remove(k);
+        }
+    }
+
+    /// The nodes running pods labelled `k=v`, with their count.
+    fn nodes_with(&self, k: &str, v: &str) -> Option<&BTreeMap<NodeId, u32>> {
+        self.by_label.get(k)?.get(v)
     }
 
     /// The nodes that can run pods `selector` selects, or `None` when it has no `matchLabels` to
@@ -59,7 +76,7 @@ impl LabelIndex {
         let narrowest = selector
             .match_labels
             .iter()
-            .map(|(k, v)| self.by_label.get(&(k.clone(), v.clone())).unwrap_or(&empty))
+            .map(|(k, v)| self.nodes_with(k, v).unwrap_or(&empty))
             .min_by_key(|nodes| nodes.len())?;
         Some(narrowest.keys().copied().collect())
     }
@@ -105,8 +122,11 @@ impl AntiIndex {
     /// The nodes running pods whose anti-affinity might select a pod with `labels`.
     fn nodes_selecting(&self, labels: &BTreeMap<String, String>) -> BTreeSet<NodeId> {
         let mut nodes: BTreeSet<NodeId> = self.unkeyed.keys().copied().collect();
+        if self.keyed.by_label.is_empty() {
+            return nodes;
+        }
         for (k, v) in labels {
-            if let Some(on) = self.keyed.by_label.get(&(k.clone(), v.clone())) {
+            if let Some(on) = self.keyed.nodes_with(k, v) {
                 nodes.extend(on.keys().copied());
             }
         }
