@@ -184,6 +184,65 @@ fn an_anti_affine_gang_gets_a_node_per_member() {
     assert_eq!(ups.iter().map(|(_, from, to)| to - from).sum::<u32>(), 4, "{ups:?}");
 }
 
+/// An EFA pod scales only a group whose nodes offer EFA: declared in the provider config before
+/// any node has registered, or learned from the group's registered nodes.
+#[test]
+fn an_efa_pod_scales_the_group_that_offers_efa() {
+    let mut mpi = replica("mpi", "mpi");
+    mpi["spec"]["containers"][0]["resources"]["requests"]["vpc.amazonaws.com/efa"] = json!("1");
+    mpi["spec"]["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] = json!("1");
+    let groups = |efa: &str| {
+        format!(
+            "accounts:\n  - name: prod\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+             - {{name: plain, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 10, targetSize: 0}}\n      \
+             - {{name: fabric, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0{efa}}}\n"
+        )
+    };
+    let (ups, unschedulable) =
+        scale_ups(vec![mpi.clone()], &groups(", extendedResources: {vpc.amazonaws.com/efa: 32}"));
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups, vec![("fabric".to_string(), 0, 1)]);
+    // Nothing says the group's nodes have EFA: no group can take the pod.
+    let (ups, unschedulable) = scale_ups(vec![mpi.clone()], &groups(""));
+    assert_eq!((ups, unschedulable), (vec![], vec!["ml/mpi".to_string()]));
+    // A registered node of the group shows it (it is full, so the pod still needs a new one).
+    let mut member = node("fabric-1", 110, 32);
+    member["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!("p5.48xlarge");
+    member["metadata"]["labels"]["eks.amazonaws.com/nodegroup"] = json!("fabric");
+    member["status"]["allocatable"]["vpc.amazonaws.com/efa"] = json!("32");
+    member["status"]["allocatable"]["pods"] = json!("1");
+    let mut filler = pod("filler", "filler", Some("fabric-1"));
+    filler["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    let (ups, unschedulable) = scale_ups(vec![member, filler, mpi], &groups(""));
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups.iter().map(|(g, _, _)| g.as_str()).collect::<Vec<_>>(), vec!["fabric"]);
+}
+
+/// New nodes hold no more pods than their kubelet allows: the instance type's EKS pod limit
+/// (g5.xlarge: 58), or the group's `maxPods`.
+#[test]
+fn new_nodes_hold_no_more_pods_than_their_pod_limit() {
+    let objects: Vec<Value> = (0..70)
+        .map(|i| {
+            let mut p = replica(&format!("tiny-{i}"), "tiny");
+            p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "10m", "memory": "16Mi"}});
+            p
+        })
+        .collect();
+    let groups = |max_pods: &str| {
+        format!(
+            "accounts:\n  - name: prod\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+             - {{name: small, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 10, targetSize: 0{max_pods}}}\n"
+        )
+    };
+    assert_eq!(
+        scale_ups(objects.clone(), &groups("")).0,
+        vec![("small".to_string(), 0, 2)],
+        "58 pods a node"
+    );
+    assert_eq!(scale_ups(objects, &groups(", maxPods: 110")).0, vec![("small".to_string(), 0, 1)]);
+}
+
 #[test]
 fn a_pod_affine_to_a_zone_scales_the_group_in_that_zone() {
     // A cache runs in us-east-1b on a full node; the pod must share its zone, so the group in

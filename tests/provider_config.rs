@@ -156,6 +156,39 @@ fn template_nodes_follow_the_catalog() {
     assert_eq!(node.allocatable, Resources::new(4000 - 80, 16384 - 2663 - 100));
     assert_eq!(node.labels["topology.kubernetes.io/region"], "us-central1");
     assert_eq!(node.labels["nvidia.com/gpu.memory"], "23034");
+    assert_eq!(node.max_pods, 110, "GKE Standard's default pod limit");
+    let p5 = catalog::lookup("p5.48xlarge").unwrap();
+    let node = catalog::template_node(p5, "us-east-1a", &no_labels, &[], &GpuSharing::None).unwrap();
+    assert_eq!(node.max_pods, 100, "the EKS ENI table's pod limit");
+}
+
+/// A group's `maxPods` and `extendedResources` describe its new nodes; bad ones are errors
+/// naming the field and value.
+#[test]
+fn group_pod_limit_and_extended_resources() {
+    let config = load(&sim("
+      - name: fabric
+        instanceType: p5.48xlarge
+        zones: [us-east-1a]
+        maxSize: 4
+        maxPods: 250
+        extendedResources: {vpc.amazonaws.com/efa: 32, rdma/ib: 8}
+"))
+    .expect("valid config");
+    let template = &config.node_groups()[0].template;
+    assert_eq!(template.max_pods, 250);
+    assert_eq!(template.extended_allocatable["vpc.amazonaws.com/efa"], 32);
+    assert_eq!(template.extended_allocatable["rdma/ib"], 8);
+    for (line, field, value) in [
+        ("maxPods: 0", "maxPods", "0"),
+        ("maxPods: 20000", "maxPods", "20000"),
+        ("extendedResources: {efa: 1}", "extendedResources.\"efa\"", "1"),
+        ("extendedResources: {nvidia.com/gpu: 8}", "extendedResources.\"nvidia.com/gpu\"", "8"),
+        ("extendedResources: {example.com/fpga: 0}", "extendedResources.\"example.com/fpga\"", "0"),
+    ] {
+        let text = sim(&format!("{BASE_GROUP}        {line}\n"));
+        expect_error(&text, &format!("accounts[0].nodeGroups[0].{field}"), value);
+    }
 }
 
 #[test]

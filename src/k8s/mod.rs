@@ -15,7 +15,7 @@ mod pod;
 mod policy;
 pub mod quantity;
 mod source;
-pub mod validation;
+mod validation;
 mod volume;
 
 pub use error::SnapshotError;

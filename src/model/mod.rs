@@ -8,6 +8,7 @@ mod demand;
 mod device;
 mod group;
 pub mod mig;
+pub mod names;
 mod node;
 mod resources;
 mod snapshot;

@@ -252,14 +252,15 @@ pub fn learn_templates(
                 g.template.labels.insert(k.clone(), v.clone());
             }
         }
-        // The pod limit and other resources new nodes of the group will offer, where the
-        // config does not say and every registered node agrees.
-        if g.template.max_pods == 0 && members.iter().all(|m| m.max_pods == first.max_pods) {
+        // The pod limit and other resources new nodes of the group will offer, where every
+        // registered node agrees: real kubelets of the group say better than the catalog or the
+        // config (Cluster Autoscaler too builds templates from a real node when it has one).
+        if first.max_pods > 0 && members.iter().all(|m| m.max_pods == first.max_pods) {
             g.template.max_pods = first.max_pods;
         }
         for (k, v) in &first.extended_allocatable {
             if members.iter().all(|m| m.extended_allocatable.get(k) == Some(v)) {
-                g.template.extended_allocatable.entry(k.clone()).or_insert(*v);
+                g.template.extended_allocatable.insert(k.clone(), *v);
             }
         }
         g.template.taints = first

@@ -71,13 +71,15 @@ pub struct InstanceSpec {
     pub nvlink: bool,
     /// On-demand price, US dollars per hour; `None` when there is no public list price.
     pub on_demand_usd: Option<f64>,
-    /// EKS pod limit from the ENI table (AWS only); decides the kube-reserved memory.
+    /// Pod limit: the EKS ENI table (AWS) or the group's `maxPods`; on AWS it also decides the
+    /// kube-reserved memory. `None`: 110.
     pub max_pods: Option<u32>,
     /// GKE accelerator name (`cloud.google.com/gke-accelerator`), GCP GPU types only.
     pub accelerator: Option<String>,
 }
 
-/// Default pod limit when the ENI limit of a (custom) AWS type is unknown, as Karpenter assumes.
+/// Default pod limit when the ENI limit of a (custom) AWS type is unknown, as Karpenter assumes;
+/// also GKE Standard's default maximum pods per node.
 pub const DEFAULT_MAX_PODS: u32 = 110;
 
 #[allow(clippy::too_many_arguments)]
@@ -675,6 +677,8 @@ pub fn template_node(
         zone: Some(zone.to_string()),
         instance_type: Some(spec.instance_type.clone()),
         state: NodeState::Upcoming,
+        // EKS's ENI table where known; GKE Standard's default per-node limit.
+        max_pods: spec.max_pods.unwrap_or(DEFAULT_MAX_PODS),
         ..Node::default()
     })
 }

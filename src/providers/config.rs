@@ -286,10 +286,25 @@ pub struct NodeGroupConfig {
     /// GPU sharing mode.
     #[serde(default)]
     pub gpu_sharing: GpuSharing,
+    /// The kubelet's pod limit on the group's nodes (e.g. raised by VPC CNI prefix delegation);
+    /// default: the instance type's ENI limit on AWS, GKE's 110 on GCP. Registered nodes of the
+    /// group, when they all agree, say better.
+    #[serde(default)]
+    pub max_pods: Option<u32>,
+    /// Extended resources the group's nodes advertise besides CPU, memory and GPUs (device
+    /// plugins: `vpc.amazonaws.com/efa: 32`, `rdma/ib: 8`), so that pods asking for them scale
+    /// this group before any of its nodes has registered.
+    #[serde(default)]
+    pub extended_resources: BTreeMap<String, u64>,
     /// Price override for this group.
     #[serde(default)]
     pub price: Option<PriceConfig>,
 }
+
+/// Largest pod limit a group may declare (a kubelet's `maxPods` beyond this is no real node).
+pub const MAX_PODS_LIMIT: u32 = 10_000;
+/// Largest count of one extended resource a group may declare.
+pub const EXTENDED_RESOURCE_LIMIT: u64 = 1_000_000;
 
 /// Specs of an instance type that is not in the embedded catalog.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -865,6 +880,30 @@ impl Validator {
         if let Some(p) = &g.price {
             self.price(file, &format!("{at}.price"), p);
         }
+        if let Some(m) = g.max_pods.filter(|m| !(1..=MAX_PODS_LIMIT).contains(m)) {
+            self.err(file, format!("{at}.maxPods"), m.to_string(), format!("must be 1 to {MAX_PODS_LIMIT}"));
+        }
+        for (name, &count) in &g.extended_resources {
+            let field = format!("{at}.extendedResources.{name:?}");
+            let why = if !name.contains('/')
+                || name.contains("kubernetes.io/")
+                || crate::model::names::qualified_name(name).is_err()
+            {
+                Some(
+                    "an extended resource name is a qualified name with a domain, like vpc.amazonaws.com/efa"
+                        .into(),
+                )
+            } else if name.starts_with("nvidia.com/") {
+                Some("GPU resources come from the instance type and gpuSharing, not extendedResources".into())
+            } else if count == 0 || count > EXTENDED_RESOURCE_LIMIT {
+                Some(format!("count must be 1 to {EXTENDED_RESOURCE_LIMIT}"))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.err(file, field, count.to_string(), why);
+            }
+        }
         if let Some(s) = &g.instance_spec {
             let sat = format!("{at}.instanceSpec");
             if s.vcpu == 0 {
@@ -990,6 +1029,11 @@ impl Validator {
         };
 
         let zone = g.zones.first().cloned().unwrap_or_default();
+        let mut spec = spec;
+        if let Some(m) = g.max_pods {
+            // On EKS the pod limit also sizes kube-reserved memory.
+            spec.to_mut().max_pods = Some(m);
+        }
         let mut template = match catalog::template_node(&spec, &zone, &g.labels, &g.taints, &g.gpu_sharing) {
             Ok(t) => t,
             Err(e) => {
@@ -1036,6 +1080,7 @@ impl Validator {
         template.labels.entry("gpuscale.io/node-group".into()).or_insert_with(|| g.name.clone());
         template.name = format!("{}-template", id.replace('/', "-"));
         template.node_group = Some(id.clone());
+        template.extended_allocatable.extend(g.extended_resources.iter().map(|(k, &v)| (k.clone(), v)));
         self.groups.push(NodeGroup {
             id,
             account: a.name.clone(),
