@@ -283,13 +283,8 @@ fn add_volume(
             for (j, n) in nodes.iter().enumerate() {
                 if rng.random_bool(0.7) {
                     let host = n["metadata"]["name"].as_str().unwrap();
-                    let mut v = pv(
-                        &format!("{volume}{j}"),
-                        LOCAL_CLASS,
-                        *pick(rng, &["1Gi", "10Gi", "10Gi"]),
-                        None,
-                        "Available",
-                    );
+                    let size = *pick(rng, &["1Gi", "10Gi", "10Gi"]);
+                    let mut v = pv(&format!("{volume}{j}"), LOCAL_CLASS, size, None, "Available");
                     v["spec"]["nodeAffinity"] = node_affinity("kubernetes.io/hostname", host);
                     storage.push(v);
                 }

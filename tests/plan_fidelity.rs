@@ -243,6 +243,41 @@ fn new_nodes_hold_no_more_pods_than_their_pod_limit() {
     assert_eq!(scale_ups(objects, &groups(", maxPods: 110")).0, vec![("small".to_string(), 0, 1)]);
 }
 
+/// A multi-zone group's new instances go where its Auto Scaling group puts them: the zone with
+/// the fewest of its nodes. Two replicas spread over at least two zones need a node in each.
+#[test]
+fn a_multi_zone_group_grows_into_its_emptiest_zone() {
+    let groups = "accounts:\n  - name: prod\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+        - {name: l4, instanceType: g6.12xlarge, zones: [us-east-1a, us-east-1b], minSize: 0, maxSize: 10, targetSize: 0}\n";
+    let spread: Vec<Value> = (0..2)
+        .map(|i| {
+            let mut p = replica(&format!("web-{i}"), "web");
+            p["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1, "minDomains": 2,
+                "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "web"}}}]);
+            p
+        })
+        .collect();
+    let plan = plan_of(spread, Some(groups));
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    let ups: Vec<(u32, u32)> = plan.scale_ups.iter().map(|s| (s.from, s.to)).collect();
+    assert_eq!(ups.iter().map(|(f, t)| t - f).sum::<u32>(), 2, "{ups:?}");
+
+    // A pod that must run in us-east-1b: the group's next instance lands in us-east-1a while
+    // that zone has no more of its nodes, and in us-east-1b once it has one.
+    let mut pinned = replica("pinned", "pinned");
+    pinned["spec"]["nodeSelector"] = json!({"topology.kubernetes.io/zone": "us-east-1b"});
+    let (ups, unschedulable) = scale_ups(vec![pinned.clone()], groups);
+    assert_eq!((ups, unschedulable), (vec![], vec!["ml/pinned".to_string()]));
+    let mut in_a = node("l4-a-1", 1, 0);
+    in_a["metadata"]["labels"]["eks.amazonaws.com/nodegroup"] = json!("l4");
+    let mut filler = pod("filler", "filler", Some("l4-a-1"));
+    filler["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    let (ups, unschedulable) = scale_ups(vec![in_a, filler, pinned], groups);
+    assert!(unschedulable.is_empty(), "{unschedulable:?}");
+    assert_eq!(ups, vec![("l4".to_string(), 0, 1)]);
+}
+
 #[test]
 fn a_pod_affine_to_a_zone_scales_the_group_in_that_zone() {
     // A cache runs in us-east-1b on a full node; the pod must share its zone, so the group in

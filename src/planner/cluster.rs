@@ -58,6 +58,53 @@ pub fn template_node(group: &NodeGroup, name: String, state: NodeState) -> Node 
     node
 }
 
+/// The zone label of nodes.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The zone a multi-zone group's next instance lands in: the one of its zones holding fewest of
+/// the group's `members` (AWS Auto Scaling groups launch into the Availability Zone with the
+/// fewest instances; regional managed instance groups spread evenly), the first listed on ties.
+/// `None` for a single-zone group, whose template already sits in its zone.
+pub fn next_zone<'a, 'n>(group: &'a NodeGroup, members: impl Iterator<Item = &'n Node>) -> Option<&'a str> {
+    if group.zones.len() < 2 {
+        return None;
+    }
+    let mut counts = vec![0usize; group.zones.len()];
+    for n in members {
+        if let Some(i) = n.labels.get(ZONE_LABEL).and_then(|z| group.zones.iter().position(|g| g == z)) {
+            counts[i] += 1;
+        }
+    }
+    let fewest = (0..counts.len()).min_by_key(|&i| (counts[i], i))?;
+    Some(group.zones[fewest].as_str())
+}
+
+/// A node of `group` as [`template_node`] makes it, in the zone [`next_zone`] picks among the
+/// group's `members`.
+pub fn next_node<'n>(
+    group: &NodeGroup,
+    name: String,
+    state: NodeState,
+    members: impl Iterator<Item = &'n Node>,
+) -> Node {
+    let mut node = template_node(group, name, state);
+    if let Some(zone) = next_zone(group, members) {
+        node.labels.insert(ZONE_LABEL.to_string(), zone.to_string());
+        node.zone = Some(zone.to_string());
+    }
+    node
+}
+
+/// The nodes of group `gi` a plan has so far (registered, on their way, new; retired ones have
+/// lost their labels and count nowhere).
+pub fn members_of<'a>(
+    placer: &'a Placer<'_>,
+    info: &'a [NodeInfo],
+    gi: usize,
+) -> impl Iterator<Item = &'a Node> {
+    placer.nodes().iter().zip(info).filter(move |(_, i)| i.group == Some(gi)).map(|(n, _)| n)
+}
+
 /// Builds the placer and node bookkeeping for a snapshot and its groups.
 pub fn build<'p>(
     snapshot: &ClusterSnapshot,
@@ -116,7 +163,9 @@ pub fn build<'p>(
         let upcoming = g.target_size.saturating_sub(registered[gi] + failed);
         for k in 0..upcoming {
             let name = format!("{}-upcoming-{}", g.name(), k + 1);
-            nodes.push(template_node(g, name, NodeState::Upcoming));
+            let members = nodes.iter().zip(&info).filter(|(_, i)| i.group == Some(gi)).map(|(n, _)| n);
+            let node = next_node(g, name, NodeState::Upcoming, members);
+            nodes.push(node);
             info.push(NodeInfo { group: Some(gi), origin: Origin::Upcoming, pods: Vec::new() });
         }
     }
@@ -157,8 +206,7 @@ fn running_devices(node: &Node, w: &Workload, warnings: &mut Vec<String>) -> Dev
 }
 
 /// Node-specific labels that never belong in a group template.
-const NODE_SPECIFIC_LABELS: &[&str] =
-    &[HOSTNAME_LABEL, "topology.kubernetes.io/zone", "topology.k8s.aws/zone-id"];
+const NODE_SPECIFIC_LABELS: &[&str] = &[HOSTNAME_LABEL, ZONE_LABEL, "topology.k8s.aws/zone-id"];
 
 /// Taints that Kubernetes, cloud controllers and autoscalers put on nodes while they run (node
 /// conditions, cordons, deletion marks; Cluster Autoscaler keeps the same list): a node that

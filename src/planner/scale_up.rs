@@ -1,6 +1,6 @@
 //! Scale-up: the cheapest node-group growth that fits the pending pods existing capacity cannot.
 
-use super::cluster::{template_node, NodeInfo, Origin};
+use super::cluster::{members_of, next_node, template_node, NodeInfo, Origin};
 use super::plan::{ScaleUp, Unschedulable};
 use super::{PlanInput, Unit};
 use crate::model::{GpuDemand, Node, NodeGroup, NodeId, NodeState, Workload, GPU_MILLI};
@@ -115,6 +115,16 @@ pub(crate) fn pack_fresh(
     required: usize,
     max_nodes: u32,
 ) -> Option<(u32, Vec<usize>)> {
+    pack_fresh_like(&template_node(group, String::new(), NodeState::Ready), pods, required, max_nodes)
+}
+
+/// [`pack_fresh`] onto copies of `prototype` (a group's next node, in the zone it will have).
+fn pack_fresh_like(
+    prototype: &Node,
+    pods: &[&Workload],
+    required: usize,
+    max_nodes: u32,
+) -> Option<(u32, Vec<usize>)> {
     let mut nodes: Vec<Node> = Vec::new();
     let mut fitted = Vec::new();
     for (i, w) in pods.iter().enumerate() {
@@ -127,7 +137,7 @@ pub(crate) fn pack_fresh(
             }
         }
         if !placed && (nodes.len() as u32) < max_nodes {
-            let mut node = template_node(group, String::new(), NodeState::Ready);
+            let mut node = prototype.clone();
             if let Some(devices) = fit::candidates(&node, w).ok().and_then(|c| c.into_iter().next()) {
                 node.allocate_pod(w, &devices);
                 nodes.push(node);
@@ -195,7 +205,12 @@ pub(crate) fn plan(
                 why_not.push(format!("{name}: unavailable ({reason})"));
                 continue;
             }
-            let probe = template_node(g, format!("{}-new-probe", g.name()), NodeState::Upcoming);
+            let probe = next_node(
+                g,
+                format!("{}-new-probe", g.name()),
+                NodeState::Upcoming,
+                members_of(placer, info, gi),
+            );
             if let Err(u) = placer.fits_added(&probe, members[0]) {
                 why_not.push(format!("{name}: {}", u.as_str()));
                 continue;
@@ -207,7 +222,7 @@ pub(crate) fn plan(
                 continue;
             }
             let (nodes, value) = if unit.gang.is_some() {
-                let Some((n, fitted)) = pack_fresh(g, &members, required, headroom) else {
+                let Some((n, fitted)) = pack_fresh_like(&probe, &members, required, headroom) else {
                     why_not.push(format!(
                         "{name}: gang of {} does not fit in {headroom} new node(s)",
                         members.len()
@@ -225,7 +240,7 @@ pub(crate) fn plan(
                         .take(LOOKAHEAD)
                         .map(|u| &workloads[u.pods[0]]),
                 );
-                let Some((_, fitted)) = pack_fresh(g, &lookahead, 1, 1) else { continue };
+                let Some((_, fitted)) = pack_fresh_like(&probe, &lookahead, 1, 1) else { continue };
                 (1, fitted.iter().map(|&i| standalone(lookahead[i])).sum::<f64>())
             };
             let cost = g.price.saturating_mul(u64::from(nodes));
@@ -270,7 +285,8 @@ pub(crate) fn plan(
             for _ in 0..want {
                 opened[gi] += 1;
                 let name = format!("{}-new-{}", g.name(), g.target_size + opened[gi]);
-                placer.add_node(template_node(g, name, NodeState::Upcoming));
+                let node = next_node(g, name, NodeState::Upcoming, members_of(placer, info, gi));
+                placer.add_node(node);
                 info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
             }
             placed = place_unit(placer, workloads, unit, &|n| n >= first_new);
