@@ -278,6 +278,63 @@ fn a_multi_zone_group_grows_into_its_emptiest_zone() {
     assert_eq!(ups, vec![("l4".to_string(), 0, 1)]);
 }
 
+/// Among equally good nodes, the one the pod prefers: preferred node affinity (the highest summed
+/// weight), then `ScheduleAnyway` spread (the domain with fewest matching pods), as
+/// kube-scheduler's scores rank them. Each case is checked with the zones swapped between the two
+/// otherwise identical nodes, so the choice follows the preference, not the node order.
+#[test]
+fn preferences_break_ties_between_equal_nodes() {
+    let twins = |first_zone: &str, second_zone: &str| {
+        let mut a = node("twin-1", 110, 0);
+        a["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!(first_zone);
+        let mut b = node("twin-2", 110, 0);
+        b["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!(second_zone);
+        vec![a, b]
+    };
+    let in_zone = |objects: &[Value], zone: &str| -> String {
+        let n =
+            objects.iter().find(|o| o["metadata"]["labels"]["topology.kubernetes.io/zone"] == zone).unwrap();
+        n["metadata"]["name"].as_str().unwrap().to_string()
+    };
+    let mut prefers_b = pod("prefers-b", "prefers-b", None);
+    prefers_b["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}},
+        {"weight": 50, "preference": {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1b"]}]}}]}});
+    for (z1, z2) in [("us-east-1a", "us-east-1b"), ("us-east-1b", "us-east-1a")] {
+        let mut objects = twins(z1, z2);
+        let want = in_zone(&objects, "us-east-1b");
+        objects.push(prefers_b.clone());
+        assert_eq!(placed(objects), vec![("ml/prefers-b".to_string(), want)]);
+    }
+
+    // A replica of `web` already runs in us-east-1b (on a third, full node): the new one would
+    // rather go to us-east-1a.
+    let mut spreads = pod("web-2", "web", None);
+    spreads["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}}]);
+    for (z1, z2) in [("us-east-1a", "us-east-1b"), ("us-east-1b", "us-east-1a")] {
+        let mut objects = twins(z1, z2);
+        let want = in_zone(&objects, "us-east-1a");
+        let mut full = node("full", 1, 0);
+        full["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("us-east-1b");
+        objects.extend([full, pod("web-1", "web", Some("full")), spreads.clone()]);
+        assert_eq!(placed(objects), vec![("ml/web-2".to_string(), want)]);
+    }
+}
+
+/// Between equally cost-effective groups, a scale-up takes the one the pod prefers.
+#[test]
+fn a_scale_up_takes_the_preferred_of_equal_groups() {
+    for zone in ["us-east-1a", "us-east-1b"] {
+        let mut p = replica("pref", "pref");
+        p["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}]}}]}});
+        let (ups, _) = scale_ups(vec![p], ZONAL_GROUPS);
+        let group = if zone.ends_with('a') { "l4-a" } else { "l4-b" };
+        assert_eq!(ups, vec![(group.to_string(), 0, 1)]);
+    }
+}
+
 #[test]
 fn a_pod_affine_to_a_zone_scales_the_group_in_that_zone() {
     // A cache runs in us-east-1b on a full node; the pod must share its zone, so the group in

@@ -5,7 +5,8 @@ use super::error::{ObjCtx, SnapshotError};
 use super::quantity;
 use crate::model::{
     GpuCatalog, GpuDemand, LabelSelector, NodeSelectorRequirement, OwnerKind, PodAffinityTerm, PodIdentity,
-    Resources, SelectorOperator, SpreadConstraint, TaintEffect, Toleration, TolerationOperator, Workload,
+    Preferences, Resources, SelectorOperator, SpreadConstraint, TaintEffect, Toleration, TolerationOperator,
+    Workload,
 };
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -384,15 +385,17 @@ fn pod_affinity_terms(
     Ok(out)
 }
 
-/// `DoNotSchedule` topology spread constraints (`ScheduleAnyway` ones only score).
+/// Topology spread constraints whose `whenUnsatisfiable` is `when` (`DoNotSchedule` ones
+/// filter, `ScheduleAnyway` ones only score).
 fn spread_constraints(
     ctx: &ObjCtx<'_>,
     spec: &k8s::PodSpec,
     own: &BTreeMap<String, String>,
+    when: &str,
 ) -> Result<Vec<SpreadConstraint>, SnapshotError> {
     let mut out = Vec::new();
     for (i, c) in spec.topology_spread_constraints.iter().flatten().enumerate() {
-        if c.when_unsatisfiable != "DoNotSchedule" {
+        if c.when_unsatisfiable != when {
             continue;
         }
         let f = format!("spec.topologySpreadConstraints[{i}]");
@@ -445,6 +448,33 @@ fn affinity_terms(
     )
 }
 
+/// A pod's preferred node-affinity terms with their weights (terms of weight 0 or with no
+/// requirement score nothing, as in kube-scheduler, and are left out).
+fn preferred_node_affinity(
+    ctx: &ObjCtx<'_>,
+    spec: &k8s::PodSpec,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<(u32, Vec<NodeSelectorRequirement>)>, SnapshotError> {
+    let preferred = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref());
+    let mut out = Vec::new();
+    for (i, p) in preferred.into_iter().flatten().enumerate() {
+        let base = format!("spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}]");
+        let weight = u32::try_from(p.weight)
+            .ok()
+            .filter(|w| (1..=100).contains(w))
+            .ok_or_else(|| ctx.invalid(format!("{base}.weight"), p.weight.to_string(), "must be 1 to 100"))?;
+        let reqs = node_selector_term(ctx, &format!("{base}.preference"), &p.preference, warnings)?;
+        if !reqs.is_empty() {
+            out.push((weight, reqs));
+        }
+    }
+    Ok(out)
+}
+
 /// A NodeSelector's terms (a pod's required node affinity, a PersistentVolume's node affinity)
 /// as requirements on node labels; `matchFields` on `metadata.name` become hostname ones.
 pub(crate) fn node_selector_terms(
@@ -455,9 +485,29 @@ pub(crate) fn node_selector_terms(
 ) -> Result<Vec<Vec<NodeSelectorRequirement>>, SnapshotError> {
     let mut terms = Vec::new();
     for (t, term) in required.node_selector_terms.iter().enumerate() {
+        let reqs = node_selector_term(ctx, &format!("{base}.nodeSelectorTerms[{t}]"), term, warnings)?;
+        if reqs.is_empty() {
+            // An empty term matches no node in Kubernetes; dropping it keeps the other terms.
+            warnings
+                .push(ctx.warning(format!("node affinity term {t} is empty and matches no node; ignored")));
+            continue;
+        }
+        terms.push(reqs);
+    }
+    Ok(terms)
+}
+
+/// One node selector term (at `base`) as requirements on node labels.
+fn node_selector_term(
+    ctx: &ObjCtx<'_>,
+    base: &str,
+    term: &k8s::NodeSelectorTerm,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<NodeSelectorRequirement>, SnapshotError> {
+    {
         let mut reqs = Vec::new();
         for (i, e) in term.match_expressions.iter().flatten().enumerate() {
-            let f = format!("{base}.nodeSelectorTerms[{t}].matchExpressions[{i}].operator");
+            let f = format!("{base}.matchExpressions[{i}].operator");
             reqs.push(NodeSelectorRequirement {
                 key: e.key.clone(),
                 operator: selector_operator(ctx, &f, &e.operator)?,
@@ -467,7 +517,7 @@ pub(crate) fn node_selector_terms(
         for (i, e) in term.match_fields.iter().flatten().enumerate() {
             if e.key == "metadata.name" {
                 // DaemonSet pods and local volumes pin by node name; nodes carry it as hostname label.
-                let f = format!("{base}.nodeSelectorTerms[{t}].matchFields[{i}].operator");
+                let f = format!("{base}.matchFields[{i}].operator");
                 reqs.push(NodeSelectorRequirement {
                     key: crate::model::HOSTNAME_LABEL.into(),
                     operator: selector_operator(ctx, &f, &e.operator)?,
@@ -480,15 +530,8 @@ pub(crate) fn node_selector_terms(
                 )));
             }
         }
-        if reqs.is_empty() {
-            // An empty term matches no node in Kubernetes; dropping it keeps the other terms.
-            warnings
-                .push(ctx.warning(format!("node affinity term {t} is empty and matches no node; ignored")));
-            continue;
-        }
-        terms.push(reqs);
+        Ok(reqs)
     }
-    Ok(terms)
 }
 
 fn tolerations(ctx: &ObjCtx<'_>, spec: &k8s::PodSpec) -> Result<Vec<Toleration>, SnapshotError> {
@@ -726,7 +769,11 @@ pub fn convert_pod(
             &labels_for_terms,
             warnings,
         )?,
-        spread: spread_constraints(&ctx, &spec, &labels_for_terms)?,
+        spread: spread_constraints(&ctx, &spec, &labels_for_terms, "DoNotSchedule")?,
+        preferences: Preferences {
+            node_affinity: preferred_node_affinity(&ctx, &spec, warnings)?,
+            spread: spread_constraints(&ctx, &spec, &labels_for_terms, "ScheduleAnyway")?,
+        },
         identity: Some(std::sync::Arc::new(PodIdentity {
             namespace: namespace.clone(),
             labels: labels_for_terms.clone(),

@@ -740,3 +740,33 @@ fn objects_a_real_server_refuses_are_warned_about() {
     }
     assert_eq!(w.matches("a real API server refuses").count(), 5, "{w}");
 }
+
+/// Preferred node affinity and `ScheduleAnyway` spread are read as preferences (they score in
+/// kube-scheduler, never filter); a weight outside 1-100 is refused as the API server does.
+#[test]
+fn preferences_are_read_apart_from_requirements() {
+    let mut p = pod("ml", "p", gpu_container(json!({"nvidia.com/gpu": "1"})));
+    p["metadata"]["labels"] = json!({"app": "web"});
+    p["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 30, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}},
+        {"weight": 5, "preference": {}}]}});
+    p["spec"]["topologySpreadConstraints"] = json!([
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}},
+        {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]);
+    let w = one_pod(p.clone());
+    assert!(w.affinity_terms.is_empty(), "preferred terms never filter");
+    assert_eq!(w.preferences.node_affinity.len(), 1, "an empty preferred term scores nothing");
+    assert_eq!(w.preferences.node_affinity[0].0, 30);
+    assert_eq!(w.preferences.spread.len(), 1);
+    assert_eq!(w.preferences.spread[0].topology_key, "zone");
+    assert_eq!(w.spread.len(), 1);
+    assert_eq!(w.spread[0].topology_key, "kubernetes.io/hostname");
+
+    p["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] =
+        json!(0);
+    let e = pod_err(p);
+    assert!(
+        e.contains("preferredDuringSchedulingIgnoredDuringExecution[0].weight") && e.contains("1 to 100"),
+        "{e}"
+    );
+}

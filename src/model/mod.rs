@@ -27,6 +27,6 @@ pub use telemetry::{
 };
 pub use workload::{
     DisruptionBudget, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind, PodAffinityTerm,
-    PodIdentity, SelectorOperator, SpreadConstraint, Toleration, TolerationOperator, VolumeNeed, Workload,
-    WorkloadId, DEFAULT_SCHEDULER, VOLUME_TOPOLOGY_LABELS,
+    PodIdentity, Preferences, SelectorOperator, SpreadConstraint, Toleration, TolerationOperator, VolumeNeed,
+    Workload, WorkloadId, DEFAULT_SCHEDULER, VOLUME_TOPOLOGY_LABELS,
 };

@@ -192,6 +192,10 @@ pub struct Workload {
     /// `DoNotSchedule` topology spread constraints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spread: Vec<SpreadConstraint>,
+    /// What the pod prefers without requiring it (preferred node affinity, `ScheduleAnyway`
+    /// spread): kube-scheduler's scores, used to break ties between equally good nodes.
+    #[serde(default, skip_serializing_if = "Preferences::is_empty")]
+    pub preferences: Preferences,
     /// Namespace, labels and required anti-affinity terms ([`Self::pod_anti_affinity`]) as nodes
     /// record them; `None` for workloads no pod affinity can see (traces). Derived by the conversion, not serialised.
     #[serde(skip)]
@@ -321,6 +325,34 @@ pub struct SpreadConstraint {
     pub honor_node_affinity: bool,
     /// `nodeTaintsPolicy: Honor`: only nodes whose taints the pod tolerates are domains.
     pub honor_node_taints: bool,
+}
+
+/// A pod's soft placement wishes, which kube-scheduler scores but never filters on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct Preferences {
+    /// Preferred node-affinity terms with their weights (1-100).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_affinity: Vec<(u32, Vec<NodeSelectorRequirement>)>,
+    /// `ScheduleAnyway` topology spread constraints (`maxSkew` unused: they only score).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread: Vec<SpreadConstraint>,
+}
+
+impl Preferences {
+    /// No preference at all.
+    pub fn is_empty(&self) -> bool {
+        self.node_affinity.is_empty() && self.spread.is_empty()
+    }
+
+    /// The summed weight of the preferred node-affinity terms a node matches (NodeAffinity's
+    /// score before normalisation).
+    pub fn node_affinity_weight(&self, node: &Node) -> u32 {
+        self.node_affinity
+            .iter()
+            .filter(|(_, term)| term.iter().all(|r| r.matches(&node.labels)))
+            .map(|(w, _)| *w)
+            .sum()
+    }
 }
 
 /// What other pods' placement needs to know about a pod on a node: its namespace, labels and

@@ -198,7 +198,8 @@ pub(crate) fn plan(
         let required = unit.required.max(1).min(members.len());
         // Candidate groups and, for the reason if none fits, why each is out.
         let mut why_not: Vec<String> = Vec::new();
-        let mut best: Option<(f64, u64, usize, u32)> = None; // (cost ratio, price, group, nodes)
+        // (cost ratio, preferred node-affinity weight, price, group, nodes)
+        let mut best: Option<(f64, u32, u64, usize, u32)> = None;
         for (gi, g) in groups.iter().enumerate() {
             let name = g.id.as_str();
             if let Some(reason) = input.unavailable.get(&g.id) {
@@ -249,15 +250,21 @@ pub(crate) fn plan(
                 continue;
             }
             let ratio = if value > 0.0 { cost as f64 / value } else { f64::INFINITY };
+            // Between equally cost-effective groups, the one the pod prefers (kube-scheduler's
+            // NodeAffinity score), then the cheaper.
+            let weight = members[0].preferences.node_affinity_weight(&probe);
             let better = match best {
                 None => true,
-                Some((r, c, _, _)) => ratio < r - 1e-9 || ((ratio - r).abs() <= 1e-9 && cost < c),
+                Some((r, w, c, _, _)) => {
+                    ratio < r - 1e-9
+                        || ((ratio - r).abs() <= 1e-9 && (weight > w || (weight == w && cost < c)))
+                }
             };
             if better {
-                best = Some((ratio, cost, gi, nodes));
+                best = Some((ratio, weight, cost, gi, nodes));
             }
         }
-        let Some((_, _, gi, nodes)) = best else {
+        let Some((_, _, _, gi, nodes)) = best else {
             let reason = if groups.is_empty() {
                 "no node groups are configured".to_string()
             } else {

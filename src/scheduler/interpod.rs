@@ -5,7 +5,7 @@
 //! verdict per node.
 
 use super::fit::Unfit;
-use crate::model::{LabelSelector, Node, NodeId, PodIdentity, Workload};
+use crate::model::{LabelSelector, Node, NodeId, PodIdentity, SpreadConstraint, Workload};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 type Pair<'a> = (&'a str, &'a str);
@@ -220,6 +220,27 @@ pub fn verdict_on_added(
     index: &ClusterIndex,
 ) -> Result<(), Unfit> {
     judge(nodes, Some(extra), w, index).map_or(Ok(()), |j| j.on(nodes.len(), extra))
+}
+
+/// The pods a `ScheduleAnyway` constraint counts in the domain `value` of its key (what
+/// PodTopologySpread's score minimises).
+pub fn pods_in_domain(
+    nodes: &[Node],
+    index: &ClusterIndex,
+    w: &Workload,
+    c: &SpreadConstraint,
+    value: &str,
+) -> u32 {
+    let ns = w.identity.as_deref().map_or("", |me| me.namespace.as_str());
+    index
+        .topology
+        .nodes_in(&c.topology_key, value)
+        .iter()
+        .filter_map(|&n| nodes.get(n))
+        .map(|n| {
+            n.residents.iter().filter(|r| r.namespace == ns && c.selector.matches(&r.labels)).count() as u32
+        })
+        .sum()
 }
 
 /// Whether a node carries every topology key of the pod's spread constraints (else it is no

@@ -14,6 +14,7 @@ use crate::model::{
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 
 /// Where a workload was placed.
@@ -307,6 +308,8 @@ impl<'p> Placer<'p> {
         let n = self.nodes.len();
         let start = if self.feasible_limit.is_some() && n > 0 { self.next_start % n } else { 0 };
         let mut feasible = 0usize;
+        // Pods per `ScheduleAnyway` domain, counted when a tie needs them.
+        let mut domains: HashMap<(usize, String), u32> = HashMap::new();
         for id in (start..n).chain(0..start) {
             if self.feasible_limit.is_some_and(|limit| feasible >= limit) {
                 self.next_start = id;
@@ -352,19 +355,35 @@ impl<'p> Placer<'p> {
                     chosen = Some(id);
                     ties = 1;
                 }
-                Cached::Score(score) if score == best => match self.policy.tie_break() {
-                    TieBreak::Uniform => {
-                        ties += 1;
-                        if self.rng.random_range(0..ties) == 0 {
+                Cached::Score(score) if score == best => {
+                    let prefer = chosen.map_or(Ordering::Equal, |c| {
+                        self.preference(workload, id, &mut domains).cmp(&self.preference(
+                            workload,
+                            c,
+                            &mut domains,
+                        ))
+                    });
+                    match prefer {
+                        Ordering::Greater => {
                             chosen = Some(id);
+                            ties = 1;
                         }
+                        Ordering::Less => {}
+                        Ordering::Equal => match self.policy.tie_break() {
+                            TieBreak::Uniform => {
+                                ties += 1;
+                                if self.rng.random_range(0..ties) == 0 {
+                                    chosen = Some(id);
+                                }
+                            }
+                            TieBreak::NodeOrder => {
+                                if chosen.is_some_and(|c| self.rank[id] < self.rank[c]) {
+                                    chosen = Some(id);
+                                }
+                            }
+                        },
                     }
-                    TieBreak::NodeOrder => {
-                        if chosen.is_some_and(|c| self.rank[id] < self.rank[c]) {
-                            chosen = Some(id);
-                        }
-                    }
-                },
+                }
                 Cached::Unfit(u) => reasons[u as usize] += 1,
                 _ => {}
             }
@@ -380,6 +399,35 @@ impl<'p> Placer<'p> {
         };
         let (_, devices) = self.policy.evaluate(&self.nodes[node], workload)?;
         Ok(Placement { node, devices })
+    }
+
+    /// How much `workload` prefers node `id` among equally scored ones, as kube-scheduler's
+    /// scores would rank them: the summed weight of its preferred node-affinity terms the node
+    /// matches, then the fewest pods its `ScheduleAnyway` constraints count in the node's
+    /// domains (a node without a constraint's key ranks last, as kube-scheduler scores it 0).
+    fn preference(
+        &self,
+        workload: &Workload,
+        id: NodeId,
+        domains: &mut HashMap<(usize, String), u32>,
+    ) -> (u32, std::cmp::Reverse<u32>) {
+        let prefs = &workload.preferences;
+        if prefs.is_empty() {
+            return (0, std::cmp::Reverse(0));
+        }
+        let node = &self.nodes[id];
+        let mut crowd = 0u32;
+        for (ci, c) in prefs.spread.iter().enumerate() {
+            let Some(value) = node.labels.get(&c.topology_key) else {
+                crowd = u32::MAX;
+                break;
+            };
+            let count = *domains.entry((ci, value.clone())).or_insert_with(|| {
+                super::interpod::pods_in_domain(&self.nodes, &self.index, workload, c, value)
+            });
+            crowd = crowd.saturating_add(count);
+        }
+        (prefs.node_affinity_weight(node), std::cmp::Reverse(crowd))
     }
 
     /// Places `workload` on its best node and records the allocation.
