@@ -45,16 +45,8 @@ impl GpuscaleConfig {
         if let Some(tenancy) = &config.tenancy {
             tenancy.validate(path)?;
         }
-        let utilization = config.planner.scale_down_utilization;
-        if !(0.0..=1.0).contains(&utilization) {
-            return Err(ConfigError::Invalid {
-                file: path.to_path_buf(),
-                field: "planner.scaleDownUtilization".into(),
-                value: utilization.to_string(),
-                reason: "must be between 0 and 1".into(),
-            });
-        }
-        if let Some((field, value, reason)) = config.controller.problems().into_iter().next() {
+        let problems = config.planner.problems().into_iter().chain(config.controller.problems());
+        if let Some((field, value, reason)) = problems.into_iter().next() {
             return Err(ConfigError::Invalid { file: path.to_path_buf(), field, value, reason });
         }
         Ok(config)

@@ -322,6 +322,35 @@ fn preferences_break_ties_between_equal_nodes() {
     }
 }
 
+/// A cluster whose kube-scheduler spreads every controller's pods over zones by default
+/// (`defaultingType: List`, `DoNotSchedule`): a ReplicaSet's second replica may not join the
+/// first in its zone, although resources would allow it.
+#[test]
+fn cluster_default_spread_constraints_apply_to_controlled_pods() {
+    let mut a = node("a-1", 110, 0);
+    a["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("us-east-1a");
+    let mut b = node("b-1", 1, 0);
+    b["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("us-east-1b");
+    let mut filler = pod("filler", "filler", Some("b-1"));
+    filler["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    let mut first = replica("web-1", "web");
+    first["spec"]["nodeName"] = json!("a-1");
+    first["status"]["phase"] = json!("Running");
+    let objects = vec![a, b, filler, first, replica("web-2", "web")];
+    let input = PlanInput { snapshot: snapshot_of(objects).snapshot, groups: Vec::new(), unavailable: Default::default() };
+    let settings = PlannerSettings { scale_down: false, ..Default::default() };
+    let plan = planner::plan(&input, &settings);
+    assert_eq!(plan.placements.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), vec!["a-1"]);
+    let config = gpuscale::config::GpuscaleConfig::parse(
+        std::path::Path::new("gpuscale.yaml"),
+        "planner:\n  scaleDown: false\n  defaultSpreadConstraints:\n    - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule}\n",
+    )
+    .expect("valid config");
+    let plan = planner::plan(&input, &config.planner);
+    assert!(plan.placements.is_empty(), "{:?}", plan.placements);
+    assert_eq!(plan.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/web-2"]);
+}
+
 /// Between equally cost-effective groups, a scale-up takes the one the pod prefers.
 #[test]
 fn a_scale_up_takes_the_preferred_of_equal_groups() {

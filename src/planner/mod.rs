@@ -8,6 +8,7 @@
 //!    cheaper one can replace (module `scale_down`).
 
 pub mod cluster;
+pub mod default_spread;
 mod idle;
 mod mig_advice;
 mod plan;
@@ -84,10 +85,30 @@ pub struct PlannerSettings {
     /// autoscalers' run-time taints (pressure, cordon, deletion marks) and the
     /// `status-taint.cluster-autoscaler.kubernetes.io/` prefix always count.
     pub ignored_taints: Vec<String>,
+    /// The cluster's default topology spread constraints when kube-scheduler is configured with
+    /// `defaultingType: List` (its `PodTopologySpreadArgs.defaultConstraints`): applied, as there,
+    /// to pods of ReplicaSets, StatefulSets and ReplicationControllers that declare none.
+    pub default_spread_constraints: Vec<default_spread::DefaultSpreadConstraint>,
     /// Planning time in seconds since the epoch, for waiting time and work lost (default: the
     /// newest pod creation time in the snapshot).
     #[serde(skip)]
     pub now: Option<i64>,
+}
+
+impl PlannerSettings {
+    /// What is wrong with the settings, as (field, value, reason).
+    pub fn problems(&self) -> Vec<(String, String, String)> {
+        let mut out = Vec::new();
+        if !(0.0..=1.0).contains(&self.scale_down_utilization) {
+            out.push((
+                "planner.scaleDownUtilization".into(),
+                self.scale_down_utilization.to_string(),
+                "must be between 0 and 1".into(),
+            ));
+        }
+        out.extend(default_spread::problems(&self.default_spread_constraints));
+        out
+    }
 }
 
 impl Default for PlannerSettings {
@@ -113,6 +134,7 @@ impl Default for PlannerSettings {
             .to_vec(),
             startup_taints: Vec::new(),
             ignored_taints: Vec::new(),
+            default_spread_constraints: Vec::new(),
             now: None,
         }
     }
@@ -192,6 +214,16 @@ fn pending_units(
 
 /// Makes the plan.
 pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
+    if let Some(workloads) =
+        default_spread::apply(&input.snapshot.workloads, &settings.default_spread_constraints)
+    {
+        let mut defaulted = input.clone();
+        defaulted.snapshot.workloads = workloads;
+        return plan(
+            &defaulted,
+            &PlannerSettings { default_spread_constraints: Vec::new(), ..settings.clone() },
+        );
+    }
     let mut out = Plan::default();
     let snapshot = &input.snapshot;
     let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
