@@ -12,6 +12,9 @@ fn gpuscale(args: &[&str]) -> std::process::Output {
         .expect("runs gpuscale")
 }
 
+const SIMULATED: &str = "examples/providers/simulated.yaml";
+const EXAMPLE: &str = "examples/snapshots/mixed-gpu-cluster.json";
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -23,6 +26,51 @@ fn plan_with_no_arguments_shows_a_real_plan_of_the_example_cluster() {
     let stdout = text(&out.stdout);
     assert!(stdout.contains("SCALE-UP      sim/gpu-h100"), "{stdout}");
     assert!(stdout.contains("COST "), "{stdout}");
+}
+
+/// The real-cluster path: a cloud account's group sizes (and so the cost) come from the nodes
+/// the snapshot holds, a config size that disagrees is a warning, and half of the input is an
+/// error rather than a silent mix with the embedded example.
+#[test]
+fn plan_of_a_snapshot_takes_sizes_and_costs_from_its_nodes() {
+    let out = gpuscale(&[
+        "plan",
+        "--snapshot",
+        EXAMPLE,
+        "--providers",
+        "examples/providers/aws.yaml",
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    // Two p4d.24xlarge nodes of prod-aws/gpu-a100-mig at the config's $19.76/h; the example's
+    // other nodes belong to groups this account does not declare.
+    assert_eq!(plan["cost_before"], 2 * 19_760_000, "{plan}");
+    assert!(!text(&out.stderr).contains("embedded example"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let stated = dir.path().join("aws.yaml");
+    let config = std::fs::read_to_string("examples/providers/aws.yaml").unwrap();
+    std::fs::write(
+        &stated,
+        config.replace("        maxSize: 8\n", "        maxSize: 8\n        targetSize: 5\n"),
+    )
+    .unwrap();
+    let out = gpuscale(&["plan", "--snapshot", EXAMPLE, "--providers", stated.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let all = text(&out.stdout) + &text(&out.stderr);
+    assert!(all.contains("targetSize 5, the snapshot holds 2 of its nodes; planning with 2"), "{all}");
+    assert!(text(&out.stdout).contains("COST          $39.52/h"), "{}", text(&out.stdout));
+
+    for half in [["--snapshot", EXAMPLE], ["--providers", "examples/providers/aws.yaml"]] {
+        let out = gpuscale(&["plan", half[0], half[1]]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(out.stdout.is_empty());
+        assert!(text(&out.stderr).contains("required arguments were not provided"), "{}", text(&out.stderr));
+    }
+    let out = gpuscale(&["plan"]);
+    assert!(text(&out.stderr).contains("embedded example cluster"), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -41,14 +89,20 @@ fn malformed_snapshot_fails_with_file_object_and_field_and_prints_no_plan() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/snapshots/malformed");
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let out = gpuscale(&["plan", "--snapshot", path.to_str().unwrap()]);
+        let out = gpuscale(&["plan", "--snapshot", path.to_str().unwrap(), "--providers", SIMULATED]);
         assert_eq!(out.status.code(), Some(2), "{}", path.display());
         assert!(out.stdout.is_empty(), "a plan was printed for {}", path.display());
         let err = text(&out.stderr);
         let name = path.file_name().unwrap().to_str().unwrap();
         assert!(err.contains(name), "error does not name the file: {err}");
     }
-    let out = gpuscale(&["plan", "--snapshot", dir.join("bad-quantity.json").to_str().unwrap()]);
+    let out = gpuscale(&[
+        "plan",
+        "--snapshot",
+        dir.join("bad-quantity.json").to_str().unwrap(),
+        "--providers",
+        SIMULATED,
+    ]);
     let err = text(&out.stderr);
     assert!(err.contains("status.allocatable.memory") && err.contains("61736Mb"), "{err}");
 }
@@ -62,7 +116,7 @@ fn bad_provider_config_fails_with_field_path_and_exit_2() {
         "accounts:\n  - name: a\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      - {name: g, instanceType: g6.xlarge, zones: [us-east-1a], minSize: 3, maxSize: 1}\n",
     )
     .unwrap();
-    let out = gpuscale(&["plan", "--providers", path.to_str().unwrap()]);
+    let out = gpuscale(&["plan", "--snapshot", EXAMPLE, "--providers", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
     let err = text(&out.stderr);

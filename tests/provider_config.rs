@@ -319,6 +319,22 @@ fn target_outside_bounds() {
 }
 
 #[test]
+fn a_group_larger_than_any_cluster_is_an_error() {
+    let msg = expect_error(
+        &sim("
+      - name: g
+        instanceType: g6.xlarge
+        zones: [us-east-1a]
+        maxSize: 1000000
+        targetSize: 1000000
+"),
+        "accounts[0].nodeGroups[0].maxSize",
+        "1000000",
+    );
+    assert!(msg.contains("15000"), "{msg}");
+}
+
+#[test]
 fn unknown_instance_type() {
     let msg = expect_error(
         &sim("

@@ -17,13 +17,17 @@ const EMBEDDED_SNAPSHOT_NAME: &str = "<embedded>/examples/snapshots/mixed-gpu-cl
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Cluster snapshot: `kubectl get nodes,pods,poddisruptionbudgets -A -o json` output, a
-    /// YAML/JSON manifest, or a folder of them. Default: an embedded example cluster.
-    #[arg(long)]
+    /// YAML/JSON manifest, or a folder of them. Needs `--providers`.
+    #[arg(long, requires = "providers")]
     snapshot: Option<PathBuf>,
-    /// Provider config file(s) with the node groups (repeatable). Default: the embedded simulated
-    /// account that matches the example cluster.
-    #[arg(long)]
+    /// Provider config file(s) with the node groups (repeatable). Needs `--snapshot`. Offline,
+    /// a cloud group's current size is the number of its nodes in the snapshot.
+    #[arg(long, requires = "snapshot")]
     providers: Vec<PathBuf>,
+    /// Plan the embedded example cluster and its simulated account (what `plan` does with
+    /// neither `--snapshot` nor `--providers`).
+    #[arg(long, conflicts_with_all = ["snapshot", "providers"])]
+    example: bool,
     /// gpuscale config file (`planner:` section and the others); the flags below override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -59,6 +63,35 @@ fn load_snapshot(path: Option<&Path>) -> anyhow::Result<gpuscale::k8s::LoadedSna
     })
 }
 
+/// The node groups with their sizes as `plan` knows them offline: a cloud account's groups hold
+/// the nodes the snapshot shows of them (a config `targetSize` that disagrees is a warning); a
+/// simulated account's sizes are its config's, the state of its simulated cloud.
+fn offline_sizes(
+    providers: &ProviderConfig,
+    snapshot: &gpuscale::model::ClusterSnapshot,
+    warnings: &mut Vec<String>,
+) -> Vec<gpuscale::model::NodeGroup> {
+    let simulated = |g: &gpuscale::model::NodeGroup| {
+        providers.account(&g.account).is_some_and(|a| a.provider == config::ProviderKind::Simulated)
+    };
+    let mut cloud: Vec<_> = providers.node_groups().into_iter().filter(|g| !simulated(g)).collect();
+    let stated: Vec<Option<u32>> = cloud
+        .iter()
+        .map(|g| {
+            let account = providers.account(&g.account)?;
+            account.node_groups.iter().find(|c| c.name == g.name()).and_then(|c| c.target_size)
+        })
+        .collect();
+    gpuscale::planner::cluster::sizes_from_snapshot(&mut cloud, snapshot, &stated, warnings);
+    let mut groups = providers.node_groups();
+    for g in groups.iter_mut() {
+        if let Some(c) = cloud.iter().find(|c| c.id == g.id) {
+            g.target_size = c.target_size;
+        }
+    }
+    groups
+}
+
 /// Runs the command.
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     if let Some(u) = args.scale_down_utilization.filter(|u| !(0.0..=1.0).contains(u)) {
@@ -68,14 +101,15 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         Some(path) => GpuscaleConfig::load(path)?,
         None => GpuscaleConfig::default(),
     };
-    let loaded = load_snapshot(args.snapshot.as_deref())?;
+    let mut loaded = load_snapshot(args.snapshot.as_deref())?;
     let providers: ProviderConfig = if args.providers.is_empty() {
+        eprintln!("gpuscale plan: the embedded example cluster and its simulated account (pass --snapshot and --providers for yours)");
         ProviderConfig::embedded_default()?
     } else {
         config::load_files(&args.providers)?
     };
-    let input =
-        PlanInput { snapshot: loaded.snapshot, groups: providers.node_groups(), ..Default::default() };
+    let groups = offline_sizes(&providers, &loaded.snapshot, &mut loaded.warnings);
+    let input = PlanInput { snapshot: loaded.snapshot, groups, ..Default::default() };
     let mut settings: PlannerSettings = settings_file.planner;
     settings.telemetry = settings_file.telemetry;
     settings.tenancy = settings_file.tenancy;

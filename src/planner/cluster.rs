@@ -105,6 +105,38 @@ pub fn members_of<'a>(
     placer.nodes().iter().zip(info).filter(move |(_, i)| i.group == Some(gi)).map(|(n, _)| n)
 }
 
+/// Sets each group's current size to the nodes of it the snapshot holds: offline, with no cloud
+/// to ask, the cluster is the truth about sizes (and so about cost). A size the config states
+/// that disagrees is reported in `warnings`.
+pub fn sizes_from_snapshot(
+    groups: &mut [NodeGroup],
+    snapshot: &ClusterSnapshot,
+    stated: &[Option<u32>],
+    warnings: &mut Vec<String>,
+) {
+    let mut counts = vec![0u32; groups.len()];
+    for n in &snapshot.nodes {
+        if let Some(g) = group_of(n, groups) {
+            counts[g] += 1;
+        }
+    }
+    for ((g, count), stated) in groups.iter_mut().zip(counts).zip(stated) {
+        if let Some(t) = stated.filter(|&t| t != count) {
+            warnings.push(format!(
+                "node group {}: the config says targetSize {t}, the snapshot holds {count} of its nodes; planning with {count}",
+                g.id
+            ));
+        }
+        if count > g.max_size {
+            warnings.push(format!(
+                "node group {}: the snapshot holds {count} of its nodes, above its maxSize {}",
+                g.id, g.max_size
+            ));
+        }
+        g.target_size = count;
+    }
+}
+
 /// Builds the placer and node bookkeeping for a snapshot and its groups.
 pub fn build<'p>(
     snapshot: &ClusterSnapshot,

@@ -301,6 +301,10 @@ pub struct NodeGroupConfig {
     pub price: Option<PriceConfig>,
 }
 
+/// Largest group size a config may declare: GKE's 15,000-node cluster limit, the largest any
+/// managed Kubernetes supports (a bigger one only makes a plan invent nodes by the million).
+pub const MAX_GROUP_SIZE: u32 = 15_000;
+
 /// Largest pod limit a group may declare (a kubelet's `maxPods` beyond this is no real node).
 pub const MAX_PODS_LIMIT: u32 = 10_000;
 /// Largest count of one extended resource a group may declare.
@@ -839,6 +843,14 @@ impl Validator {
 
     fn group(&mut self, file: &Path, at: &str, a: &AccountConfig, g: &NodeGroupConfig) {
         let errors_before = self.errors.len();
+        if g.max_size > MAX_GROUP_SIZE {
+            self.err(
+                file,
+                format!("{at}.maxSize"),
+                g.max_size.to_string(),
+                format!("more nodes than any Kubernetes cluster runs (at most {MAX_GROUP_SIZE})"),
+            );
+        }
         if g.min_size > g.max_size {
             self.err(
                 file,
