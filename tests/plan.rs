@@ -88,6 +88,15 @@ fn embedded_example_scales_the_h100_group_for_the_whole_gang() {
     // Every pending pod is accounted for exactly once.
     assert_eq!(plan.placements.len() + up.pods.len(), 10);
     assert!(plan.cost_after > plan.cost_before);
+    // The H100 node at 31% would be drained were its group not growing: never both (issue #28).
+    assert!(plan.scale_downs.iter().all(|d| d.group != up.group), "{}", plan.to_table());
+    assert!(
+        plan.kept
+            .iter()
+            .any(|k| k.node == "ip-10-0-52-88.ec2.internal" && k.reason.contains("grows in this plan")),
+        "{}",
+        plan.to_table()
+    );
 }
 
 // ---- focused scenarios on model objects ----

@@ -331,9 +331,12 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     out.idle_gpus = idle.idle;
     if settings.scale_down {
         let waiting: BTreeSet<&str> = out.unschedulable[held..].iter().map(|u| u.pod.as_str()).collect();
-        let busy = !waiting.is_empty() || !out.scale_ups.is_empty();
+        let growth = scale_down::Growth {
+            pending: !waiting.is_empty() || !out.scale_ups.is_empty(),
+            groups: groups.iter().map(|g| out.scale_ups.iter().any(|s| s.group == g.id)).collect(),
+        };
         let downs =
-            scale_down::plan(&mut placer, &mut info, input, &groups, settings, busy, &idle.reclaimable);
+            scale_down::plan(&mut placer, &mut info, input, &groups, settings, &growth, &idle.reclaimable);
         out.scale_downs = downs.scale_downs;
         out.replacements = downs.replacements;
         out.kept = downs.kept;

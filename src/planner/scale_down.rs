@@ -116,6 +116,14 @@ fn relocate(
     Some(moved)
 }
 
+/// What the plan's scale-up leaves for scale-down to respect.
+pub(crate) struct Growth {
+    /// Pods wait for new capacity (then nothing is replaced).
+    pub pending: bool,
+    /// Per group, whether this plan grows it (then none of its nodes is drained).
+    pub groups: Vec<bool>,
+}
+
 /// Plans removals and replacements.
 pub(crate) fn plan(
     placer: &mut Placer<'_>,
@@ -123,7 +131,7 @@ pub(crate) fn plan(
     input: &PlanInput,
     groups: &[NodeGroup],
     settings: &PlannerSettings,
-    scale_up_pending: bool,
+    growth: &Growth,
     reclaimable: &[u64],
 ) -> ScaleDowns {
     let workloads = &input.snapshot.workloads;
@@ -161,6 +169,12 @@ pub(crate) fn plan(
         let gi = info[n].group.unwrap_or_default();
         if placer.nodes()[n].scale_down_disabled {
             out.kept.push(Kept { node: name, reason: "scale-down disabled by annotation".into() });
+            continue;
+        }
+        if growth.groups.get(gi).copied().unwrap_or(false) {
+            // Draining it only for a new node of the same kind to take its place is disruption
+            // for nothing (and the capacity it frees is what the growth is for).
+            out.kept.push(Kept { node: name, reason: format!("{} grows in this plan", groups[gi].id) });
             continue;
         }
         if removable[gi] == 0 {
@@ -225,7 +239,7 @@ pub(crate) fn plan(
         }
     }
 
-    if settings.consolidation && !scale_up_pending {
+    if settings.consolidation && !growth.pending {
         let mut state = DrainState { removed, removable, budgets };
         let budget = settings.max_disruptions.saturating_sub(out.scale_downs.len() as u32);
         replace_expensive(placer, info, input, groups, &mut state, budget, &mut out);
