@@ -358,18 +358,40 @@ pub fn learn_templates(
 mod tests {
     use super::*;
     use crate::model::Instance;
+    use crate::model::{Taint, TaintEffect};
     use crate::planner::PlannerSettings;
     use crate::providers::config;
     use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
 
+    /// One simulated g5.xlarge group in us-east-1a, `target` nodes big.
+    fn gpu_group(target: u32) -> Vec<NodeGroup> {
+        let yaml = format!(
+            "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+             - {{name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: {target}}}\n"
+        );
+        config::load_strs(&[("t.yaml", yaml.as_str())]).expect("valid config").node_groups()
+    }
+
+    /// The nodes and bookkeeping [`build`] makes with the taint rules of `settings`.
+    fn built(
+        snapshot: &ClusterSnapshot,
+        groups: &[NodeGroup],
+        settings: &PlannerSettings,
+    ) -> (Vec<Node>, Vec<NodeInfo>) {
+        let policy =
+            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
+        let (placer, info) =
+            build(snapshot, groups, policy.as_ref(), 1, TaintRules::of(settings), &mut Vec::new());
+        (placer.nodes().to_vec(), info)
+    }
+
+    fn taint(key: &str) -> Taint {
+        Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule }
+    }
+
     #[test]
     fn run_time_taints_are_never_learned_into_a_template_but_shared_ones_are() {
-        use crate::model::{Taint, TaintEffect};
-        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
-                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 2}\n";
-        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
-        let taint =
-            |key: &str| Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule };
+        let groups = gpu_group(2);
         let mut a = template_node(&groups[0], "a".into(), NodeState::Ready);
         let mut b = template_node(&groups[0], "b".into(), NodeState::Ready);
         for n in [&mut a, &mut b] {
@@ -390,12 +412,7 @@ mod tests {
     /// status prefixes and configured keys are stripped from templates, other taints stay.
     #[test]
     fn configured_and_prefixed_startup_and_status_taints_are_never_learned() {
-        use crate::model::{Taint, TaintEffect};
-        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
-                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 1}\n";
-        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
-        let taint =
-            |key: &str| Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule };
+        let groups = gpu_group(1);
         let mut node = template_node(&groups[0], "a".into(), NodeState::Ready);
         node.taints = [
             "node.cilium.io/agent-not-ready",
@@ -430,12 +447,7 @@ mod tests {
     /// taint stays, because kube-scheduler honours it on that node.
     #[test]
     fn a_ready_node_with_a_startup_taint_is_still_starting_and_planned_without_it() {
-        use crate::model::{Taint, TaintEffect};
-        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
-                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 2}\n";
-        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
-        let taint =
-            |key: &str| Taint { key: key.into(), value: String::new(), effect: TaintEffect::NoSchedule };
+        let groups = gpu_group(2);
         let mut starting = template_node(&groups[0], "starting".into(), NodeState::Ready);
         starting.taints = vec![
             taint("node.cilium.io/agent-not-ready"),
@@ -444,35 +456,22 @@ mod tests {
         let mut ready = template_node(&groups[0], "ready".into(), NodeState::Ready);
         ready.taints = vec![taint("node.cilium.io/agent-not-ready")];
         let snapshot = ClusterSnapshot { nodes: vec![starting, ready], ..Default::default() };
-        let policy =
-            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
         let settings = PlannerSettings {
             startup_taints: vec!["node.cilium.io/agent-not-ready".into()],
             ..Default::default()
         };
-        let (placer, info) =
-            build(&snapshot, &groups, policy.as_ref(), 1, TaintRules::of(&settings), &mut Vec::new());
-        let keys: Vec<&str> = placer.nodes()[0].taints.iter().map(|t| t.key.as_str()).collect();
+        let (nodes, info) = built(&snapshot, &groups, &settings);
+        let keys: Vec<&str> = nodes[0].taints.iter().map(|t| t.key.as_str()).collect();
         assert_eq!(keys, vec!["status-taint.cluster-autoscaler.kubernetes.io/x"]);
         assert_eq!((info[0].origin, info[1].origin), (Origin::Initializing, Origin::Initializing));
-        let (placer, info) = build(
-            &snapshot,
-            &groups,
-            policy.as_ref(),
-            1,
-            TaintRules::of(&PlannerSettings::default()),
-            &mut Vec::new(),
-        );
-        assert_eq!(placer.nodes()[1].taints.len(), 1, "an unconfigured taint is the node's own");
+        let (nodes, info) = built(&snapshot, &groups, &PlannerSettings::default());
+        assert_eq!(nodes[1].taints.len(), 1, "an unconfigured taint is the node's own");
         assert_eq!(info[1].origin, Origin::Ready);
     }
 
     #[test]
     fn a_registering_node_is_planned_without_its_not_ready_taint() {
-        use crate::model::{Taint, TaintEffect};
-        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
-                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 1}\n";
-        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let groups = gpu_group(1);
         let mut booting = template_node(&groups[0], "booting".into(), NodeState::Initializing);
         let not_ready = Taint {
             key: "node.kubernetes.io/not-ready".into(),
@@ -482,24 +481,13 @@ mod tests {
         let own = Taint { key: "team".into(), value: "ml".into(), effect: TaintEffect::NoSchedule };
         booting.taints = vec![not_ready, own.clone()];
         let snapshot = ClusterSnapshot { nodes: vec![booting], ..Default::default() };
-        let policy =
-            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
-        let (placer, _) = build(
-            &snapshot,
-            &groups,
-            policy.as_ref(),
-            1,
-            TaintRules::of(&PlannerSettings::default()),
-            &mut Vec::new(),
-        );
-        assert_eq!(placer.nodes()[0].taints, vec![own], "the not-ready taint goes, the node's own stays");
+        let (nodes, _) = built(&snapshot, &groups, &PlannerSettings::default());
+        assert_eq!(nodes[0].taints, vec![own], "the not-ready taint goes, the node's own stays");
     }
 
     #[test]
     fn a_node_known_only_by_its_provider_id_is_named_for_its_group() {
-        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
-                    - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: 1}\n";
-        let mut groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let mut groups = gpu_group(1);
         let id = "aws:///us-east-1a/i-1";
         groups[0].instances.push(Instance { id: id.into(), state: InstanceState::Running });
         let mut managed = template_node(&groups[0], "managed".into(), NodeState::Ready);
@@ -507,18 +495,9 @@ mod tests {
         managed.provider_id = Some(id.into());
         let unmanaged = Node { name: "static".into(), provider_id: None, ..managed.clone() };
         let snapshot = ClusterSnapshot { nodes: vec![managed, unmanaged], ..Default::default() };
-        let policy =
-            PolicyKind::Gpuscale.build(&ClusterScale::of(&snapshot.nodes), &TargetWorkload::default());
-        let (placer, info) = build(
-            &snapshot,
-            &groups,
-            policy.as_ref(),
-            1,
-            TaintRules::of(&PlannerSettings::default()),
-            &mut Vec::new(),
-        );
+        let (nodes, info) = built(&snapshot, &groups, &PlannerSettings::default());
         assert_eq!((info[0].group, info[1].group), (Some(0), None));
-        assert_eq!(placer.nodes()[0].node_group.as_deref(), Some("gpu"));
-        assert_eq!(placer.nodes()[1].node_group, None);
+        assert_eq!(nodes[0].node_group.as_deref(), Some("gpu"));
+        assert_eq!(nodes[1].node_group, None);
     }
 }
