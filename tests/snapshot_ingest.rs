@@ -232,9 +232,42 @@ fn missing_paths_and_empty_folders() {
     let err = load_err("tests/data/snapshots/does-not-exist.json");
     assert!(matches!(&err, SnapshotError::Io { path, .. } if path.ends_with("does-not-exist.json")));
     let dir = tempfile::tempdir().unwrap();
-    let s = load_snapshot(dir.path()).unwrap();
-    assert!(s.snapshot.nodes.is_empty());
-    assert!(s.warnings[0].contains("no *.json"));
+    let err = load_snapshot(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::NotObjects { reason, .. } if reason.contains("no *.json")),
+        "{err}"
+    );
+}
+
+/// Input that holds no Kubernetes objects is an error naming the file and what is there (a
+/// failed `kubectl` export must not read as an empty cluster and drain everything); only a
+/// well-formed List may be empty (issue #28's exit-2 contract).
+#[test]
+fn input_that_is_not_kubernetes_objects_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, says) in [
+        ("empty.json", "", "no Kubernetes objects"),
+        ("blank.yaml", "\n---\n", "no Kubernetes objects"),
+        ("null.json", "null", "no Kubernetes objects"),
+        ("array.json", "[]", "no Kubernetes objects"),
+        ("object.json", "{}", "no kind"),
+        ("items-null.json", r#"{"apiVersion":"v1","kind":"List","items":null}"#, "items: null"),
+        ("item-null.json", r#"{"apiVersion":"v1","kind":"List","items":[null]}"#, "items[0]: null"),
+        ("no-kind.yaml", "metadata: {name: x}\n", "no kind"),
+        ("providers.yaml", "accounts:\n  - name: a\n    provider: simulated\n", "no kind"),
+        ("scalar.yaml", "just text\n", "no kind"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let err = load_snapshot(&path).unwrap_err();
+        assert!(matches!(err, SnapshotError::NotObjects { .. }), "{name}: {err}");
+        let msg = err.to_string();
+        assert!(msg.contains(name) && msg.contains(says), "{name}: {msg}");
+    }
+    let path = dir.path().join("empty-list.json");
+    std::fs::write(&path, r#"{"apiVersion":"v1","kind":"List","items":[]}"#).unwrap();
+    let empty = load_snapshot(&path).expect("a List that says the cluster is empty");
+    assert!(empty.snapshot.nodes.is_empty() && empty.snapshot.workloads.is_empty());
 }
 
 #[test]

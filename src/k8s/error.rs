@@ -67,6 +67,15 @@ pub enum SnapshotError {
         /// What is wrong with it.
         reason: QuantityError,
     },
+    /// The input is not Kubernetes objects at all: empty, `null`, an empty array, an object
+    /// without `kind`, a List whose `items` is not an array of objects, an empty folder.
+    #[error("{origin}: {reason}")]
+    NotObjects {
+        /// File (and document or list item), or folder.
+        origin: String,
+        /// What is there instead.
+        reason: String,
+    },
     /// A field whose value the model cannot represent or that contradicts another field.
     #[error("{origin}: {object}: {field}: {value:?}: {reason}")]
     Invalid {

@@ -72,6 +72,15 @@ fn describe(value: &Value) -> String {
     }
 }
 
+/// The start of a value, for an error message.
+fn preview(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
 fn decode<T: DeserializeOwned>(obj: &SourcedObject) -> Result<T, SnapshotError> {
     serde_path_to_error::deserialize(&obj.value).map_err(|e| SnapshotError::Decode {
         origin: obj.origin.clone(),
@@ -107,7 +116,12 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
                 let (id, min) = convert_pod_group(&obj.value, &obj.origin)?;
                 pod_groups.insert(id, min);
             }
-            (_, "") => warnings.push(format!("{}: not a Kubernetes object (no kind); skipped", obj.origin)),
+            (_, "") => {
+                return Err(SnapshotError::NotObjects {
+                    origin: obj.origin.clone(),
+                    reason: format!("not a Kubernetes object (no kind): {}", preview(&obj.value)),
+                })
+            }
             (v, k) => warnings.push(format!(
                 "{}: {}: kind {k} ({v}) is not used; skipped",
                 obj.origin,

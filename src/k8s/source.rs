@@ -32,7 +32,10 @@ pub fn read_path(path: &Path, warnings: &mut Vec<String>) -> Result<Vec<SourcedO
         collect_files(path, &mut files, warnings)?;
         files.sort();
         if files.is_empty() {
-            warnings.push(format!("{}: no *.json, *.yaml or *.yml files found", path.display()));
+            return Err(SnapshotError::NotObjects {
+                origin: path.display().to_string(),
+                reason: "no *.json, *.yaml or *.yml files in the folder".into(),
+            });
         }
         files
     } else {
@@ -85,6 +88,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
     };
     let name = path.display().to_string();
     let mut out = Vec::new();
+    let saw_list;
     if json {
         let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         let docs: Vec<Value> = stream.collect::<Result<_, _>>().map_err(|e| SnapshotError::Json {
@@ -96,11 +100,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
                 .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
                 .to_string(),
         })?;
-        let many = docs.len() > 1;
-        for (i, doc) in docs.into_iter().enumerate() {
-            let origin = if many { format!("{name} doc {}", i + 1) } else { name.clone() };
-            flatten(origin, doc, &mut out);
-        }
+        saw_list = flatten_docs(&name, docs, &mut out)?;
     } else {
         let mut docs = Vec::new();
         for doc in serde_yaml::Deserializer::from_str(text) {
@@ -115,52 +115,90 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
             })?;
             docs.push(value);
         }
-        let many = docs.len() > 1;
-        for (i, doc) in docs.into_iter().enumerate() {
-            let origin = if many { format!("{name} doc {}", i + 1) } else { name.clone() };
-            flatten(origin, doc, &mut out);
-        }
+        saw_list = flatten_docs(&name, docs, &mut out)?;
+    }
+    if out.is_empty() && !saw_list {
+        // Only a List that says so may hold no objects: an empty file, `null` or `[]` is
+        // more likely a failed export than an empty cluster.
+        return Err(SnapshotError::NotObjects {
+            origin: name,
+            reason: "no Kubernetes objects (empty, null or []); an empty cluster is a List with items: []"
+                .into(),
+        });
     }
     Ok(out)
 }
 
+/// Flattens a file's documents (named `doc N` when there are several).
+fn flatten_docs(name: &str, docs: Vec<Value>, out: &mut Vec<SourcedObject>) -> Result<bool, SnapshotError> {
+    let many = docs.len() > 1;
+    let mut saw_list = false;
+    for (i, doc) in docs.into_iter().enumerate() {
+        let origin = if many { format!("{name} doc {}", i + 1) } else { name.to_string() };
+        saw_list |= flatten(origin, doc, out)?;
+    }
+    Ok(saw_list)
+}
+
 /// Expands Lists (`kind: List`, `PodList`, ...) and arrays into their items; drops empty
 /// documents. Items of typed lists, which the API server returns without `kind`, get it from
-/// the list.
-fn flatten(origin: String, value: Value, out: &mut Vec<SourcedObject>) {
+/// the list. Returns whether a well-formed List was seen (a cluster may be empty only so).
+/// A List whose `items` is not an array, and a null item, are errors.
+fn flatten(origin: String, value: Value, out: &mut Vec<SourcedObject>) -> Result<bool, SnapshotError> {
+    let mut saw_list = false;
     match value {
         Value::Null => {}
         Value::Array(items) => {
             for (i, item) in items.into_iter().enumerate() {
-                flatten(format!("{origin}[{i}]"), item, out);
+                saw_list |= flatten(format!("{origin}[{i}]"), item, out)?;
             }
         }
         Value::Object(mut map) => {
-            let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default();
-            let is_list = kind.ends_with("List") && map.get("items").is_some_and(Value::is_array);
+            let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+            let is_list = kind.ends_with("List") && map.contains_key("items");
             if !is_list {
                 out.push(SourcedObject::new(origin, Value::Object(map)));
-                return;
+                return Ok(false);
             }
             let item_kind = kind.strip_suffix("List").unwrap_or_default().to_string();
             let api_version = map.get("apiVersion").cloned();
-            let Some(Value::Array(items)) = map.remove("items") else {
-                return;
+            let items = match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                other => {
+                    return Err(SnapshotError::NotObjects {
+                        origin,
+                        reason: format!(
+                            "{kind}: items: {}: a List's items must be an array of objects",
+                            other.map_or("missing".to_string(), |v| v.to_string())
+                        ),
+                    })
+                }
             };
             for (i, mut item) in items.into_iter().enumerate() {
-                if let Value::Object(obj) = &mut item {
-                    if !item_kind.is_empty() && !obj.contains_key("kind") {
-                        obj.insert("kind".into(), Value::String(item_kind.clone()));
-                        if let Some(v) = &api_version {
-                            obj.entry("apiVersion").or_insert_with(|| v.clone());
+                let at = format!("{origin} items[{i}]");
+                match &mut item {
+                    Value::Object(obj) => {
+                        if !item_kind.is_empty() && !obj.contains_key("kind") {
+                            obj.insert("kind".into(), Value::String(item_kind.clone()));
+                            if let Some(v) = &api_version {
+                                obj.entry("apiVersion").or_insert_with(|| v.clone());
+                            }
                         }
                     }
+                    other => {
+                        return Err(SnapshotError::NotObjects {
+                            origin: at,
+                            reason: format!("{other}: a List item must be an object"),
+                        })
+                    }
                 }
-                flatten(format!("{origin} items[{i}]"), item, out);
+                flatten(at, item, out)?;
             }
+            saw_list = true;
         }
         other => out.push(SourcedObject::new(origin, other)),
     }
+    Ok(saw_list)
 }
 
 #[cfg(test)]
