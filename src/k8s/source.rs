@@ -88,8 +88,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
     };
     let name = path.display().to_string();
     let mut out = Vec::new();
-    let saw_list;
-    if json {
+    let saw_list = if json {
         let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         let docs: Vec<Value> = stream.collect::<Result<_, _>>().map_err(|e| SnapshotError::Json {
             path: path.to_path_buf(),
@@ -100,7 +99,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
                 .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
                 .to_string(),
         })?;
-        saw_list = flatten_docs(&name, docs, &mut out)?;
+        flatten_docs(&name, docs, &mut out)?
     } else {
         let mut docs = Vec::new();
         for doc in serde_yaml::Deserializer::from_str(text) {
@@ -115,8 +114,8 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
             })?;
             docs.push(value);
         }
-        saw_list = flatten_docs(&name, docs, &mut out)?;
-    }
+        flatten_docs(&name, docs, &mut out)?
+    };
     if out.is_empty() && !saw_list {
         // Only a List that says so may hold no objects: an empty file, `null` or `[]` is
         // more likely a failed export than an empty cluster.

@@ -4,6 +4,7 @@ use crate::model::mig::MigPlacement;
 use crate::model::telemetry::format_duration;
 use crate::model::{dollars, DeviceAssignment, MicroDollarsPerHour};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::fmt::Write;
 
 /// A pending pod that fits capacity that exists or is already on its way.
@@ -147,6 +148,19 @@ pub struct MigRepartition {
     pub saving_per_hour: MicroDollarsPerHour,
 }
 
+/// `text` with every control character (line breaks, terminal escapes, bidirectional overrides)
+/// written as a `\u{..}` escape: names and reasons come from the snapshot, and must not be able
+/// to forge plan lines or drive the terminal.
+pub fn shown(text: &str) -> Cow<'_, str> {
+    let bad = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !text.chars().any(bad) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars().map(|c| if bad(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect(),
+    )
+}
+
 /// The scaling plan for one snapshot.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Plan {
@@ -191,6 +205,7 @@ impl Plan {
     pub fn to_table(&self) -> String {
         let mut out = String::new();
         let list = |pods: &[String]| {
+            let pods: Vec<Cow<str>> = pods.iter().map(|p| shown(p)).collect();
             if pods.len() <= 4 {
                 pods.join(", ")
             } else {
@@ -201,26 +216,27 @@ impl Plan {
             let _ = writeln!(
                 out,
                 "SCALE-UP      {:<28} {} → {} (+{}) {}  +{}  for {} pod(s): {}\n              reason: {}",
-                a.group,
+                shown(&a.group),
                 a.from,
                 a.to,
                 a.to - a.from,
-                a.instance_type,
+                shown(&a.instance_type),
                 usd(a.cost_per_hour),
                 a.pods.len(),
                 list(&a.pods),
-                a.reason
+                shown(&a.reason)
             );
         }
         for a in &self.scale_downs {
-            let moves: Vec<String> = a.moves.iter().map(|(p, n)| format!("{p} → {n}")).collect();
+            let moves: Vec<String> =
+                a.moves.iter().map(|(p, n)| format!("{} → {}", shown(p), shown(n))).collect();
             let _ = writeln!(
                 out,
                 "SCALE-DOWN    {:<28} node {}  -{}  {}{}",
-                a.group,
-                a.node,
+                shown(&a.group),
+                shown(&a.node),
                 usd(a.saving_per_hour),
-                a.reason,
+                shown(&a.reason),
                 if moves.is_empty() { String::new() } else { format!("; moves {}", list(&moves)) }
             );
         }
@@ -228,9 +244,9 @@ impl Plan {
             let _ = writeln!(
                 out,
                 "REPLACE       {:<28} node {} by 1 node of {}  -{}  ({} pod(s) move)",
-                a.group,
-                a.node,
-                a.replacement_group,
+                shown(&a.group),
+                shown(&a.node),
+                shown(&a.replacement_group),
                 usd(a.saving_per_hour),
                 a.pods.len()
             );
@@ -251,8 +267,8 @@ impl Plan {
             let _ = writeln!(
                 out,
                 "MIG-REPARTITION {:<26} nvidia.com/mig.config={}  -{} (no scale-up)  for {} pod(s): {}\n              {}{}",
-                r.node,
-                r.mig_config_label,
+                shown(&r.node),
+                shown(&r.mig_config_label),
                 usd(r.saving_per_hour),
                 r.pods.len(),
                 list(&r.pods),
@@ -267,7 +283,7 @@ impl Plan {
                 // A custom name: the MIG manager's config map needs its entry.
                 let _ = writeln!(out, "              mig-parted entry:");
                 for line in r.mig_parted_config.lines() {
-                    let _ = writeln!(out, "                {line}");
+                    let _ = writeln!(out, "                {}", shown(line));
                 }
             }
         }
@@ -275,33 +291,33 @@ impl Plan {
             let _ = writeln!(
                 out,
                 "PREEMPT       {:<28} on {} evicting {}{}\n              reason: {}",
-                p.pod,
-                p.node,
+                shown(&p.pod),
+                shown(&p.node),
                 list(&p.victims),
                 p.alternative_cost.map(|c| format!(" (scale-up alternative {})", usd(c))).unwrap_or_default(),
-                p.reason
+                shown(&p.reason)
             );
         }
         for p in &self.placements {
             let _ = writeln!(
                 out,
                 "FITS          {:<28} on {}{}",
-                p.pod,
-                p.node,
+                shown(&p.pod),
+                shown(&p.node),
                 if p.node_in_flight { " (in flight)" } else { "" }
             );
         }
         for u in &self.unschedulable {
-            let _ = writeln!(out, "UNSCHEDULABLE {:<28} {}", u.pod, u.reason);
+            let _ = writeln!(out, "UNSCHEDULABLE {:<28} {}", shown(&u.pod), shown(&u.reason));
         }
         for k in &self.kept {
-            let _ = writeln!(out, "KEEP          {:<28} {}", k.node, k.reason);
+            let _ = writeln!(out, "KEEP          {:<28} {}", shown(&k.node), shown(&k.reason));
         }
         for i in &self.idle_gpus {
             let _ = writeln!(
                 out,
                 "IDLE-GPU      {:<28} GPU {} idle {}  {}  held by {}{}",
-                i.node,
+                shown(&i.node),
                 i.gpu,
                 format_duration(i.idle_for),
                 usd(i.cost_per_hour),
@@ -310,7 +326,7 @@ impl Plan {
             );
         }
         for w in &self.warnings {
-            let _ = writeln!(out, "WARNING       {w}");
+            let _ = writeln!(out, "WARNING       {}", shown(w));
         }
         if self.is_noop()
             && self.placements.is_empty()
@@ -329,5 +345,27 @@ impl Plan {
             usd(self.cost_after.abs_diff(self.cost_before))
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name from the snapshot cannot forge a plan line or send terminal escapes (issue #28).
+    #[test]
+    fn control_characters_in_names_are_escaped_in_the_table() {
+        let plan = Plan {
+            unschedulable: vec![Unschedulable {
+                pod: "ml/evil\nSCALE-UP      prod/gpu 0 → 100".into(),
+                reason: "\u{1b}[2Jcleared \u{202e}reversed".into(),
+            }],
+            ..Default::default()
+        };
+        let table = plan.to_table();
+        assert!(!table.contains('\u{1b}') && !table.contains('\u{202e}'), "{table:?}");
+        assert!(table.lines().all(|l| !l.starts_with("SCALE-UP")), "{table}");
+        assert!(table.contains(r"ml/evil\u{a}SCALE-UP") && table.contains(r"\u{1b}[2Jcleared"), "{table}");
+        assert_eq!(shown("ml/web-0"), Cow::Borrowed("ml/web-0"));
     }
 }
