@@ -100,6 +100,7 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
     let mut pdbs = Vec::new();
     let mut pod_groups = BTreeMap::new();
     let mut storage = volume::Storage::default();
+    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     for obj in objects {
         let api_version = obj.value["apiVersion"].as_str().unwrap_or_default();
         let kind = obj.value["kind"].as_str().unwrap_or_default();
@@ -122,12 +123,14 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
                     reason: format!("not a Kubernetes object (no kind): {}", preview(&obj.value)),
                 })
             }
-            (v, k) => warnings.push(format!(
-                "{}: {}: kind {k} ({v}) is not used; skipped",
-                obj.origin,
-                describe(&obj.value)
-            )),
+            (v, k) => *skipped.entry(format!("{k} ({v})")).or_insert(0usize) += 1,
         }
+    }
+    // Kinds the plan does not read (Services, ConfigMaps, a Helm release's objects): one line,
+    // not one warning per object.
+    if !skipped.is_empty() {
+        let kinds: Vec<String> = skipped.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        warnings.push(format!("objects of kinds the plan does not read, skipped: {}", kinds.join(", ")));
     }
 
     let mut snapshot = ClusterSnapshot::default();

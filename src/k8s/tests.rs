@@ -655,7 +655,7 @@ fn pdbs_and_skipped_kinds() {
     assert_eq!(b.disruptions_allowed, 1);
     assert_eq!(b.selector.match_labels["app"], "web");
     assert_eq!(b.selector.match_expressions[0].operator, SelectorOperator::NotIn);
-    assert!(l.warnings.iter().any(|w| w.contains("kind Service")));
+    assert!(l.warnings.iter().any(|w| w.contains("1 Service (v1)")));
 }
 
 #[test]
@@ -768,5 +768,24 @@ fn preferences_are_read_apart_from_requirements() {
     assert!(
         e.contains("preferredDuringSchedulingIgnoredDuringExecution[0].weight") && e.contains("1 to 100"),
         "{e}"
+    );
+}
+
+/// Objects of kinds the plan does not read make one summary warning, not one per object.
+#[test]
+fn unused_kinds_are_summarised_in_one_warning() {
+    let svc = |name: &str| json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "web"}});
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "web"}});
+    let loaded = load(vec![
+        svc("a"),
+        svc("b"),
+        svc("c"),
+        cm,
+        node("n", json!({}), json!({"cpu": "4", "memory": "16Gi"})),
+    ])
+    .expect("loads");
+    assert_eq!(
+        loaded.warnings,
+        vec!["objects of kinds the plan does not read, skipped: 1 ConfigMap (v1), 3 Service (v1)".to_string()]
     );
 }
