@@ -504,34 +504,32 @@ fn node_selector_term(
     term: &k8s::NodeSelectorTerm,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<NodeSelectorRequirement>, SnapshotError> {
-    {
-        let mut reqs = Vec::new();
-        for (i, e) in term.match_expressions.iter().flatten().enumerate() {
-            let f = format!("{base}.matchExpressions[{i}].operator");
+    let mut reqs = Vec::new();
+    for (i, e) in term.match_expressions.iter().flatten().enumerate() {
+        let f = format!("{base}.matchExpressions[{i}].operator");
+        reqs.push(NodeSelectorRequirement {
+            key: e.key.clone(),
+            operator: selector_operator(ctx, &f, &e.operator)?,
+            values: e.values.clone().unwrap_or_default(),
+        });
+    }
+    for (i, e) in term.match_fields.iter().flatten().enumerate() {
+        if e.key == "metadata.name" {
+            // DaemonSet pods and local volumes pin by node name; nodes carry it as hostname label.
+            let f = format!("{base}.matchFields[{i}].operator");
             reqs.push(NodeSelectorRequirement {
-                key: e.key.clone(),
+                key: crate::model::HOSTNAME_LABEL.into(),
                 operator: selector_operator(ctx, &f, &e.operator)?,
                 values: e.values.clone().unwrap_or_default(),
             });
+        } else {
+            warnings.push(ctx.warning(format!(
+                "ignoring node affinity on field {} (only metadata.name is supported)",
+                e.key
+            )));
         }
-        for (i, e) in term.match_fields.iter().flatten().enumerate() {
-            if e.key == "metadata.name" {
-                // DaemonSet pods and local volumes pin by node name; nodes carry it as hostname label.
-                let f = format!("{base}.matchFields[{i}].operator");
-                reqs.push(NodeSelectorRequirement {
-                    key: crate::model::HOSTNAME_LABEL.into(),
-                    operator: selector_operator(ctx, &f, &e.operator)?,
-                    values: e.values.clone().unwrap_or_default(),
-                });
-            } else {
-                warnings.push(ctx.warning(format!(
-                    "ignoring node affinity on field {} (only metadata.name is supported)",
-                    e.key
-                )));
-            }
-        }
-        Ok(reqs)
     }
+    Ok(reqs)
 }
 
 fn tolerations(ctx: &ObjCtx<'_>, spec: &k8s::PodSpec) -> Result<Vec<Toleration>, SnapshotError> {

@@ -11,13 +11,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// Largest total size of an object's annotations (`TotalAnnotationSizeLimitB`).
 const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 
+/// The warning for a field a real API server would refuse.
+fn refused(ctx: &ObjCtx, field: &str, value: &str, why: &str) -> String {
+    ctx.warning(format!("{field} {value:?}: a real API server refuses this object: {why}"))
+}
+
 /// The metadata checks `ValidateObjectMeta` makes on `meta`, as warnings; `namespaced` objects
 /// also have their namespace checked.
 pub(crate) fn check_meta(ctx: &ObjCtx, meta: &ObjectMeta, namespaced: bool, warnings: &mut Vec<String>) {
-    let mut refuse = |field: String, value: &str, why: String| {
-        warnings
-            .push(ctx.warning(format!("{field} {value:?}: a real API server refuses this object: {why}")));
-    };
+    let mut refuse =
+        |field: String, value: &str, why: String| warnings.push(refused(ctx, &field, value, &why));
     if let Some(name) = &meta.name {
         if let Err(why) = dns1123_subdomain(name) {
             refuse("metadata.name".into(), name, why);
@@ -56,9 +59,7 @@ pub(crate) fn check_meta(ctx: &ObjCtx, meta: &ObjectMeta, namespaced: bool, warn
 /// `validateNodeTaints`' syntax checks: the key is a qualified name, the value a label value.
 pub(crate) fn check_taint(ctx: &ObjCtx, index: usize, taint: &Taint, warnings: &mut Vec<String>) {
     let mut refuse = |field: &str, value: &str, why: String| {
-        warnings.push(ctx.warning(format!(
-            "spec.taints[{index}].{field} {value:?}: a real API server refuses this object: {why}"
-        )));
+        warnings.push(refused(ctx, &format!("spec.taints[{index}].{field}"), value, &why))
     };
     if let Err(why) = qualified_name(&taint.key) {
         refuse("key", &taint.key, why);

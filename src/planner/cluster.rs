@@ -97,12 +97,8 @@ pub fn next_node<'n>(
 
 /// The nodes of group `gi` a plan has so far (registered, on their way, new; retired ones have
 /// lost their labels and count nowhere).
-pub fn members_of<'a>(
-    placer: &'a Placer<'_>,
-    info: &'a [NodeInfo],
-    gi: usize,
-) -> impl Iterator<Item = &'a Node> {
-    placer.nodes().iter().zip(info).filter(move |(_, i)| i.group == Some(gi)).map(|(n, _)| n)
+pub fn members_of<'a>(nodes: &'a [Node], info: &'a [NodeInfo], gi: usize) -> impl Iterator<Item = &'a Node> {
+    nodes.iter().zip(info).filter(move |(_, i)| i.group == Some(gi)).map(|(n, _)| n)
 }
 
 /// Sets each group's current size to the nodes of it the snapshot holds: offline, with no cloud
@@ -195,8 +191,7 @@ pub fn build<'p>(
         let upcoming = g.target_size.saturating_sub(registered[gi] + failed);
         for k in 0..upcoming {
             let name = format!("{}-upcoming-{}", g.name(), k + 1);
-            let members = nodes.iter().zip(&info).filter(|(_, i)| i.group == Some(gi)).map(|(n, _)| n);
-            let node = next_node(g, name, NodeState::Upcoming, members);
+            let node = next_node(g, name, NodeState::Upcoming, members_of(&nodes, &info, gi));
             nodes.push(node);
             info.push(NodeInfo { group: Some(gi), origin: Origin::Upcoming, pods: Vec::new() });
         }

@@ -295,7 +295,7 @@ fn replace_expensive(
         let Some((h, g)) = cheaper else { continue };
         // Move the pods onto the replacement node in the simulation.
         let new_name = format!("{}-new-{}", g.name(), g.target_size + added[h] + 1);
-        let new_node = next_node(g, new_name, NodeState::Upcoming, members_of(placer, info, h));
+        let new_node = next_node(g, new_name, NodeState::Upcoming, members_of(placer.nodes(), info, h));
         let new_id = placer.add_node(new_node);
         info.push(NodeInfo { group: Some(h), origin: Origin::New, pods: Vec::new() });
         removed.push(false);

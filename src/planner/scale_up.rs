@@ -210,7 +210,7 @@ pub(crate) fn plan(
                 g,
                 format!("{}-new-probe", g.name()),
                 NodeState::Upcoming,
-                members_of(placer, info, gi),
+                members_of(placer.nodes(), info, gi),
             );
             if let Err(u) = placer.fits_added(&probe, members[0]) {
                 why_not.push(format!("{name}: {}", u.as_str()));
@@ -292,7 +292,7 @@ pub(crate) fn plan(
             for _ in 0..want {
                 opened[gi] += 1;
                 let name = format!("{}-new-{}", g.name(), g.target_size + opened[gi]);
-                let node = next_node(g, name, NodeState::Upcoming, members_of(placer, info, gi));
+                let node = next_node(g, name, NodeState::Upcoming, members_of(placer.nodes(), info, gi));
                 placer.add_node(node);
                 info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
             }

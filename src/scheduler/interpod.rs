@@ -237,10 +237,13 @@ pub fn pods_in_domain(
         .nodes_in(&c.topology_key, value)
         .iter()
         .filter_map(|&n| nodes.get(n))
-        .map(|n| {
-            n.residents.iter().filter(|r| r.namespace == ns && c.selector.matches(&r.labels)).count() as u32
-        })
+        .map(|n| counted_by(n, ns, c))
         .sum()
+}
+
+/// The pods on `node` that spread constraint `c` of a pod in namespace `ns` counts.
+fn counted_by(node: &Node, ns: &str, c: &SpreadConstraint) -> u32 {
+    node.residents.iter().filter(|r| r.namespace == ns && c.selector.matches(&r.labels)).count() as u32
 }
 
 /// Whether a node carries every topology key of the pod's spread constraints (else it is no
@@ -350,11 +353,9 @@ pub fn judge<'a>(
             if !is_domain(c, node) {
                 continue;
             }
-            let matching =
-                node.residents.iter().filter(|r| r.namespace == ns && c.selector.matches(&r.labels)).count();
+            let matching = counted_by(node, ns, c);
             if matching > 0 {
-                *spread_counts[ci].entry(node.labels[&c.topology_key].as_str()).or_default() +=
-                    matching as u32;
+                *spread_counts[ci].entry(node.labels[&c.topology_key].as_str()).or_default() += matching;
             }
         }
     }
