@@ -27,6 +27,57 @@ const DELETION_TAINTS: &[&str] = &["ToBeDeletedByClusterAutoscaler", "karpenter.
 
 const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
 
+/// GKE's GPU sharing labels, set on the nodes of a node pool created with GPU sharing.
+const GKE_SHARING_STRATEGY: &str = "cloud.google.com/gke-gpu-sharing-strategy";
+const GKE_MAX_SHARED_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per-gpu";
+const GKE_PARTITION_SIZE: &str = "cloud.google.com/gke-gpu-partition-size";
+const GKE_ACCELERATOR_COUNT: &str = "cloud.google.com/gke-accelerator-count";
+
+/// Most time-slicing replicas (or GKE shared clients) one GPU may be advertised as. NVIDIA's
+/// device plugin and GKE document far smaller numbers (GKE: 48); above this a label is an error,
+/// not a reason to build millions of slots.
+pub const MAX_GPU_REPLICAS: u32 = 1024;
+
+/// Most GPUs one node may have (the largest servers have 16; NVL72 trays 4). Above this an
+/// advertised count is an error naming the field, not an allocation of that many devices.
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+
+/// A GKE node's GPU sharing: time-sharing or MPS with a number of clients per GPU, and MIG
+/// partitions of one size.
+#[derive(Debug, Default)]
+struct GkeSharing {
+    clients: Option<u32>,
+    partition: Option<String>,
+}
+
+impl GkeSharing {
+    fn read(ctx: &ObjCtx<'_>, labels: &BTreeMap<String, String>) -> Result<Self, SnapshotError> {
+        let label = |k: &str| format!("metadata.labels[{k}]");
+        let strategy = labels.get(GKE_SHARING_STRATEGY).map(String::as_str);
+        let clients: Option<u32> = label_num(ctx, labels, GKE_MAX_SHARED_CLIENTS)?;
+        let clients = match (strategy, clients) {
+            (Some("time-sharing" | "mps"), Some(0)) | (None, Some(0)) => {
+                return Err(ctx.invalid(label(GKE_MAX_SHARED_CLIENTS), "0", "must be at least 1"))
+            }
+            (Some("time-sharing" | "mps"), Some(n)) => Some(n),
+            (Some("time-sharing" | "mps"), None) => {
+                return Err(ctx.invalid(
+                    label(GKE_MAX_SHARED_CLIENTS),
+                    "",
+                    format!("{GKE_SHARING_STRATEGY} needs the number of clients per GPU"),
+                ))
+            }
+            (Some(other), _) => {
+                return Err(ctx.invalid(label(GKE_SHARING_STRATEGY), other, "expected time-sharing or mps"))
+            }
+            // GKE sets the strategy with the count; a count alone is time-sharing (its default).
+            (None, n) => n,
+        };
+        let partition = labels.get(GKE_PARTITION_SIZE).filter(|p| !p.is_empty()).cloned();
+        Ok(Self { clients, partition })
+    }
+}
+
 /// A converted node plus what pod accounting needs to know about its devices.
 #[derive(Debug, Clone)]
 pub struct ConvertedNode {
@@ -306,8 +357,20 @@ fn node_gpus(
     instance_type: Option<&str>,
     warnings: &mut Vec<String>,
 ) -> Result<NodeGpus, SnapshotError> {
-    let replicas: u32 = label_num(ctx, labels, "nvidia.com/gpu.replicas")?.unwrap_or(1);
-    let label_count: Option<u32> = label_num(ctx, labels, "nvidia.com/gpu.count")?;
+    let gke = GkeSharing::read(ctx, labels)?;
+    let replicas: u32 = match gke.clients {
+        Some(clients) => clients,
+        None => label_num(ctx, labels, "nvidia.com/gpu.replicas")?.unwrap_or(1),
+    };
+    if replicas > MAX_GPU_REPLICAS {
+        return Err(ctx.invalid(
+            "metadata.labels[nvidia.com/gpu.replicas]",
+            replicas.to_string(),
+            format!("more than {MAX_GPU_REPLICAS} replicas per GPU"),
+        ));
+    }
+    let label_count: Option<u32> =
+        label_num(ctx, labels, "nvidia.com/gpu.count")?.or(label_num(ctx, labels, GKE_ACCELERATOR_COUNT)?);
     let label_memory: Option<u64> = label_num(ctx, labels, "nvidia.com/gpu.memory")?;
     let karpenter_count: Option<u32> = label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-count")?;
     let karpenter_memory: Option<u64> = label_num(ctx, labels, "karpenter.k8s.aws/instance-gpu-memory")?;
@@ -331,6 +394,12 @@ fn node_gpus(
     let spec = product.and_then(|p| GpuCatalog.resolve(p));
     let model = match (spec, product) {
         (Some(s), _) => Some(s.name.to_string()),
+        (None, Some(p)) if crate::model::vgpu_profile(p).is_some() => {
+            warnings.push(ctx.warning(format!(
+                "GPU product {p:?} is an NVIDIA vGPU profile: planned as its own GPU model, not the physical GPU"
+            )));
+            Some(p.to_string())
+        }
         (None, Some(p)) => {
             warnings.push(
                 ctx.warning(format!("GPU product {p:?} is not in the GPU catalog; keeping the raw name")),
@@ -340,9 +409,13 @@ fn node_gpus(
         (None, None) => None,
     };
     let geometry = spec.and_then(|s| s.mig);
-    let mig_single = labels.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single");
-    let single_profile =
-        product_label.as_deref().and_then(|p| p.split_once("-MIG-")).map(|(_, profile)| profile.to_string());
+    // GKE exposes each MIG partition of a `gke-gpu-partition-size` pool as one `nvidia.com/gpu`,
+    // as the NVIDIA single strategy does.
+    let mig_single = labels.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single")
+        || gke.partition.is_some();
+    let single_profile = gke.partition.clone().or_else(|| {
+        product_label.as_deref().and_then(|p| p.split_once("-MIG-")).map(|(_, profile)| profile.to_string())
+    });
     // In the single strategy GFD reports MIG devices as the GPUs (count and memory of the
     // instances), so physical numbers come from the catalog and the instance type instead.
     let physical_count = if mig_single && single_profile.is_some() {
@@ -353,15 +426,36 @@ fn node_gpus(
     let memory_mib = if mig_single && single_profile.is_some() {
         spec.map(|s| s.memory_mib).or(karpenter_memory).unwrap_or(0)
     } else {
-        label_memory.or(karpenter_memory).or(spec.map(|s| s.memory_mib)).unwrap_or(0)
+        let vgpu = product.and_then(crate::model::vgpu_profile).filter(|&g| g > 0).map(|g| g * 1024);
+        label_memory.or(karpenter_memory).or(spec.map(|s| s.memory_mib)).or(vgpu).unwrap_or(0)
     };
 
-    let whole = alloc.count("nvidia.com/gpu")?;
-    let shared = alloc.count("nvidia.com/gpu.shared")?;
+    // Counts are capped to physical sense before any device is built from them.
+    let max_slots = MAX_GPUS_PER_NODE * MAX_GPU_REPLICAS;
+    let capped = |key: &str, max: u32, what: &str| -> Result<u32, SnapshotError> {
+        let n = alloc.count(key)?;
+        if n > max {
+            return Err(ctx.invalid(
+                format!("{}.{key}", alloc.field),
+                n.to_string(),
+                format!("more than {max} {what} on one node"),
+            ));
+        }
+        Ok(n)
+    };
+    if let Some(n) = physical_count.filter(|&n| n > MAX_GPUS_PER_NODE) {
+        return Err(ctx.invalid(
+            "metadata.labels[nvidia.com/gpu.count]",
+            n.to_string(),
+            format!("more than {MAX_GPUS_PER_NODE} GPUs on one node"),
+        ));
+    }
+    let whole = capped("nvidia.com/gpu", max_slots, "GPUs or GPU replicas")?;
+    let shared = capped("nvidia.com/gpu.shared", max_slots, "GPU replicas")?;
     let mut mig: Vec<(String, u32)> = Vec::new();
     for key in alloc.map.keys() {
         if let Some(profile) = key.strip_prefix("nvidia.com/mig-") {
-            let n = alloc.count(key)?;
+            let n = capped(key, MAX_GPUS_PER_NODE * 7, "MIG instances")?;
             if n > 0 {
                 mig.push((profile.to_string(), n));
             }
@@ -375,6 +469,8 @@ fn node_gpus(
     let standard = |n: u32| (0..n).map(|i| GpuDevice::standard(i as u8, memory_mib)).collect();
 
     if let Some(devices) = hami {
+        let n = devices.len() as u32;
+        too_many_gpus(ctx, &format!("metadata.annotations[{HAMI_REGISTER}]"), n, n)?;
         // HAMi shares each GPU by memory and cores: physical devices in Standard mode.
         for d in devices {
             if !d.healthy {
@@ -391,9 +487,21 @@ fn node_gpus(
     if mig_single && whole > 0 {
         if let Some(profile_name) = single_profile {
             let field = format!("{}.nvidia.com/gpu", alloc.field);
+            // A shared GKE partition counts once per client; the model shares whole GPUs only,
+            // so such a pool is planned with one client per partition (never over-counted).
+            let whole = match gke.clients.filter(|_| gke.partition.is_some()) {
+                Some(clients) if clients > 1 => {
+                    warnings.push(ctx.warning(format!(
+                        "GKE MIG partitions shared by {clients} clients are planned as one client each"
+                    )));
+                    whole / clients
+                }
+                _ => whole,
+            };
             let (geometry, profile) = mig_profile(ctx, geometry, &out.model, &profile_name, &field)?;
             let per_gpu = max_per_gpu(geometry, profile).max(1);
             let n = physical_count.unwrap_or(whole.div_ceil(per_gpu));
+            too_many_gpus(ctx, &field, whole, n)?;
             let layouts = layout_mig(geometry, &[(profile, whole)], Some(n as usize)).ok_or_else(|| {
                 ctx.invalid(
                     field,
@@ -424,6 +532,12 @@ fn node_gpus(
                 format!("the MIG instances do not fit on {} GPUs", mig_gpus.unwrap_or_default()),
             )
         })?;
+        too_many_gpus(
+            ctx,
+            &format!("{}.nvidia.com/mig-*", alloc.field),
+            whole + layouts.len() as u32,
+            whole + layouts.len() as u32,
+        )?;
         let mut devices: Vec<GpuDevice> = standard(whole);
         devices.extend(mig_devices(layouts, memory_mib, whole));
         out.devices = devices;
@@ -433,6 +547,8 @@ fn node_gpus(
     if replicas > 1 && (whole > 0 || shared > 0) {
         let slots = if shared > 0 { shared } else { whole };
         let n = slots.div_ceil(replicas);
+        let key = if shared > 0 { "nvidia.com/gpu.shared" } else { "nvidia.com/gpu" };
+        too_many_gpus(ctx, &format!("{}.{key}", alloc.field), slots, n)?;
         if slots % replicas != 0 {
             warnings.push(ctx.warning(format!(
                 "{slots} time-sliced replicas is not a multiple of nvidia.com/gpu.replicas={replicas}; assuming {n} GPUs"
@@ -466,6 +582,7 @@ fn node_gpus(
     }
 
     if whole > 0 {
+        too_many_gpus(ctx, &format!("{}.nvidia.com/gpu", alloc.field), whole, whole)?;
         out.devices = standard(whole);
         return Ok(out);
     }
@@ -493,6 +610,19 @@ fn node_gpus(
         out.model = None;
     }
     Ok(out)
+}
+
+/// An error when `gpus` physical GPUs (derived from the advertised `advertised`) exceed
+/// [`MAX_GPUS_PER_NODE`].
+fn too_many_gpus(ctx: &ObjCtx<'_>, field: &str, advertised: u32, gpus: u32) -> Result<(), SnapshotError> {
+    if gpus > MAX_GPUS_PER_NODE {
+        return Err(ctx.invalid(
+            field,
+            advertised.to_string(),
+            format!("{gpus} GPUs on one node; at most {MAX_GPUS_PER_NODE} are planned"),
+        ));
+    }
+    Ok(())
 }
 
 fn mig_profile<'g>(

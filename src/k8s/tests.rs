@@ -789,3 +789,42 @@ fn unused_kinds_are_summarised_in_one_warning() {
         vec!["objects of kinds the plan does not read, skipped: 1 ConfigMap (v1), 3 Service (v1)".to_string()]
     );
 }
+
+#[test]
+fn gpu_counts_beyond_physical_sense_are_errors_naming_the_field() {
+    let err = |labels: Value, alloc: Value| load(vec![node("n", labels, alloc)]).unwrap_err().to_string();
+    let e = err(json!({}), json!({"cpu": "8", "nvidia.com/gpu": "1000000000"}));
+    assert!(e.contains("status.allocatable.nvidia.com/gpu") && e.contains("1000000000"), "{e}");
+    let e = err(json!({}), json!({"cpu": "8", "nvidia.com/gpu": "65"}));
+    assert!(e.contains("at most 64"), "{e}");
+    let e = err(json!({"nvidia.com/gpu.replicas": "100000"}), json!({"nvidia.com/gpu": "8"}));
+    assert!(e.contains("metadata.labels[nvidia.com/gpu.replicas]"), "{e}");
+    let e = err(json!({"nvidia.com/gpu.replicas": "2"}), json!({"nvidia.com/gpu": "60000"}));
+    assert!(e.contains("30000 GPUs on one node"), "{e}");
+    let e = err(
+        json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}),
+        json!({"nvidia.com/mig-1g.5gb": "100000"}),
+    );
+    assert!(e.contains("nvidia.com/mig-1g.5gb"), "{e}");
+    let e = err(json!({"nvidia.com/gpu.count": "5000"}), json!({}));
+    assert!(e.contains("nvidia.com/gpu.count"), "{e}");
+    // 64 GPUs, and 16 GPUs time-sliced 48 ways (GKE's maximum), are fine.
+    assert_eq!(one_node(node("n", json!({}), json!({"nvidia.com/gpu": "64"}))).0.gpus.len(), 64);
+    let sliced =
+        one_node(node("n", json!({"nvidia.com/gpu.replicas": "48"}), json!({"nvidia.com/gpu": "768"}))).0;
+    assert_eq!(sliced.gpus.len(), 16);
+}
+
+#[test]
+fn gke_sharing_labels_are_checked() {
+    let err = |labels: Value| {
+        load(vec![node("n", labels, json!({"nvidia.com/gpu": "2"}))]).unwrap_err().to_string()
+    };
+    let e = err(json!({"cloud.google.com/gke-gpu-sharing-strategy": "fair-share",
+                       "cloud.google.com/gke-max-shared-clients-per-gpu": "2"}));
+    assert!(e.contains("gke-gpu-sharing-strategy") && e.contains("time-sharing or mps"), "{e}");
+    let e = err(json!({"cloud.google.com/gke-gpu-sharing-strategy": "time-sharing"}));
+    assert!(e.contains("gke-max-shared-clients-per-gpu"), "{e}");
+    let e = err(json!({"cloud.google.com/gke-max-shared-clients-per-gpu": "0"}));
+    assert!(e.contains("at least 1"), "{e}");
+}

@@ -96,6 +96,11 @@ impl GpuCatalog {
         }) {
             return Some(found);
         }
+        // A vGPU is a slice of a physical GPU with its own memory and no MIG: matching its
+        // name by substring would plan `GRID-A100-4C` as a whole 40 GB A100.
+        if vgpu_profile(base).is_some() {
+            return None;
+        }
         let up = base.to_ascii_uppercase();
         let has = |s: &str| up.contains(s);
         let canonical = if has("H200") {
@@ -135,9 +140,47 @@ impl GpuCatalog {
     }
 }
 
+/// The frame buffer in GiB of an NVIDIA vGPU profile name (`GRID-A100-4C`, `NVIDIA A100-7-40C`,
+/// `GRID T4-16Q`, `NVIDIA-L4-24Q`): GRID-prefixed, or ending in `-<GiB><series>` with series A,
+/// B, C or Q. `None` for physical GPU names.
+pub fn vgpu_profile(name: &str) -> Option<u64> {
+    let name = name.trim();
+    let last = name.rsplit(['-', ' ']).next()?;
+    let (digits, series) = last.split_at(last.len().saturating_sub(1));
+    let fb = digits.parse::<u64>().ok().filter(|_| matches!(series, "A" | "B" | "C" | "Q"));
+    let grid = name.len() >= 4 && name[..4].eq_ignore_ascii_case("GRID");
+    match (fb, grid) {
+        (Some(gib), _) => Some(gib),
+        (None, true) => Some(0),
+        (None, false) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vgpu_profiles_are_not_physical_gpus() {
+        for (name, fb) in [
+            ("GRID-A100-4C", 4),
+            ("GRID A100-4C", 4),
+            ("NVIDIA A100-7-40C", 40),
+            ("GRID-T4-16Q", 16),
+            ("NVIDIA-L4-24Q", 24),
+            ("NVIDIA H100-80C", 80),
+            ("GRID-V100DX-32Q", 32),
+        ] {
+            assert_eq!(vgpu_profile(name), Some(fb), "{name}");
+            assert!(GpuCatalog.resolve(name).is_none(), "{name} resolved to a physical GPU");
+        }
+        for physical in
+            ["NVIDIA-A100-SXM4-40GB", "NVIDIA-L4", "Tesla-T4", "NVIDIA-H100-NVL", "A10", "G2", "V100M32"]
+        {
+            assert_eq!(vgpu_profile(physical), None, "{physical}");
+            assert!(GpuCatalog.resolve(physical).is_some(), "{physical}");
+        }
+    }
 
     #[test]
     fn resolves_the_names_clusters_use() {

@@ -15,7 +15,7 @@ mod snapshot;
 pub mod telemetry;
 mod workload;
 
-pub use catalog::{GpuCatalog, GpuModelSpec};
+pub use catalog::{vgpu_profile, GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
 pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};

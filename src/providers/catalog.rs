@@ -662,6 +662,9 @@ pub fn template_node(
             }
         }
     }
+    if spec.cloud == Cloud::Gcp && model.is_some() {
+        gke_sharing_labels(&mode, spec.gpus, &mut l);
+    }
     for (k, v) in labels {
         l.insert(k.clone(), v.clone());
     }
@@ -681,6 +684,28 @@ pub fn template_node(
         max_pods: spec.max_pods.unwrap_or(DEFAULT_MAX_PODS),
         ..Node::default()
     })
+}
+
+/// The labels GKE puts on the nodes of a GPU node pool created with GPU sharing, which pods
+/// select to land on shared GPUs: time-sharing clients per GPU, or the size of uniform MIG
+/// partitions (GKE supports one partition size per pool).
+fn gke_sharing_labels(mode: &GpuMode, gpus: u32, l: &mut BTreeMap<String, String>) {
+    l.insert("cloud.google.com/gke-accelerator-count".into(), gpus.to_string());
+    match mode {
+        GpuMode::Standard => {}
+        GpuMode::TimeSliced { replicas } => {
+            l.insert("cloud.google.com/gke-gpu-sharing-strategy".into(), "time-sharing".into());
+            l.insert("cloud.google.com/gke-max-shared-clients-per-gpu".into(), replicas.to_string());
+        }
+        GpuMode::Mig { instances, .. } => {
+            let mut profiles = instances.iter().map(|i| i.placement.profile.as_str());
+            if let Some(first) = profiles.next() {
+                if profiles.all(|p| p == first) {
+                    l.insert("cloud.google.com/gke-gpu-partition-size".into(), first.to_string());
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -216,7 +216,10 @@ pub fn replay(node: &Node, gpu: &GpuDemand) -> Result<DeviceAssignment, Unfit> {
 /// The MIG profile that `nvidia.com/gpu` stands for on a node using the device plugin's MIG
 /// `single` strategy.
 fn single_strategy_profile(node: &Node) -> Option<String> {
-    if node.labels.get("nvidia.com/mig.strategy").map(String::as_str) != Some("single") {
+    // GKE's MIG node pools (`gke-gpu-partition-size`) advertise partitions as `nvidia.com/gpu`.
+    if node.labels.get("nvidia.com/mig.strategy").map(String::as_str) != Some("single")
+        && !node.labels.contains_key("cloud.google.com/gke-gpu-partition-size")
+    {
         return None;
     }
     node.gpus.iter().find_map(|d| match &d.mode {
