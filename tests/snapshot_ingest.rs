@@ -283,7 +283,7 @@ fn single_object_and_multi_document_files() {
     let s = load_snapshot(&path).unwrap();
     assert_eq!(s.snapshot.nodes[0].node_group.as_deref(), Some("default"));
 
-    let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: x\nspec:\n  containers:\n  - name: c\n    resources:\n      requests:\n        cpu: 1.5\n        memory: 1e9\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: b\n  namespace: x\nspec:\n  containers: []\n";
+    let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: x\nspec:\n  containers:\n  - name: c\n    resources:\n      requests:\n        cpu: 1.5\n        memory: 1e9\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: b\n  namespace: x\nspec:\n  containers:\n  - name: c\n";
     let path = dir.path().join("pods.yml");
     std::fs::write(&path, yaml).unwrap();
     let s = load_snapshot(&path).unwrap();

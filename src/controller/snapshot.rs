@@ -252,7 +252,7 @@ mod tests {
         let mut v = json!({
             "metadata": {"name": name, "namespace": "ml",
                 "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": true}]},
-            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}}}]},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]},
             "status": {"phase": if node.is_some() { "Running" } else { "Pending" }}
         });
         if let Some(n) = node {

@@ -77,7 +77,30 @@ fn container_requests(
         out.insert(name.clone(), parse_resource(ctx, &field, name, q)?);
         fields.entry(name.clone()).or_insert(field);
     }
-    for (name, q) in res.limits.iter().flatten() {
+    // The API server refuses a request without an equal limit for resources that cannot be
+    // overcommitted (extended resources such as GPUs, and huge pages): such a pod never exists.
+    let limits = res.limits.clone().unwrap_or_default();
+    for (name, q) in requests.iter().filter(|(n, _)| is_extended(n) || n.starts_with("hugepages-")) {
+        let field = format!("{prefix}.resources.requests.{name}");
+        match limits.get(name) {
+            None => {
+                return Err(ctx.invalid(
+                    field,
+                    &q.0,
+                    format!("{name} cannot be overcommitted: its limit must be set and equal the request"),
+                ))
+            }
+            Some(l) if parse_resource(ctx, &field, name, l)? != out[name] => {
+                return Err(ctx.invalid(
+                    field,
+                    &q.0,
+                    format!("{name} cannot be overcommitted: the request must equal the limit {}", l.0),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, q) in &limits {
         if !requests.contains_key(name) {
             let field = format!("{prefix}.resources.limits.{name}");
             out.insert(name.clone(), parse_resource(ctx, &field, name, q)?);
@@ -671,7 +694,21 @@ pub fn convert_pod(
             return Ok(None);
         }
     }
-    let spec = k.spec.clone().unwrap_or_default();
+    let Some(spec) = k.spec.clone() else {
+        return Err(ctx.invalid("spec", "missing or null", "a Pod needs a spec"));
+    };
+    if spec.containers.is_empty() {
+        return Err(ctx.invalid("spec.containers", "[]", "a Pod needs at least one container"));
+    }
+    if k.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && spec.node_name.as_deref().unwrap_or_default().is_empty()
+    {
+        return Err(ctx.invalid(
+            "spec.nodeName",
+            "",
+            "a Running pod is bound to a node; this one names none",
+        ));
+    }
     let labels = meta.labels.clone().unwrap_or_default();
     let annotations = meta.annotations.clone().unwrap_or_default();
 

@@ -27,6 +27,9 @@ fn node(name: &str, labels: Value, allocatable: Value) -> Value {
 }
 
 fn pod(ns: &str, name: &str, containers: Value) -> Value {
+    // The API server refuses a pod without containers; tests about other fields use one.
+    let containers =
+        if containers == json!([]) { json!([{"name": "main", "image": "busybox"}]) } else { containers };
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -561,6 +564,9 @@ fn only_pending_and_running_pods_are_kept() {
     let with_phase = |name: &str, phase: &str| {
         let mut v = pod("ns", name, json!([]));
         v["status"]["phase"] = json!(phase);
+        if phase != "Pending" {
+            v["spec"]["nodeName"] = json!("n1");
+        }
         v
     };
     let l = load(vec![
@@ -572,7 +578,34 @@ fn only_pending_and_running_pods_are_kept() {
     .unwrap();
     let ids: Vec<&str> = l.snapshot.workloads.iter().map(|w| w.id.as_str()).collect();
     assert_eq!(ids, ["ns/a", "ns/b"]);
-    assert_eq!(l.snapshot.pending().count(), 2, "neither is bound");
+    assert_eq!(l.snapshot.pending().count(), 1, "b is bound to n1");
+    // A Running pod bound to no node does not exist; it is an error, not a pending pod.
+    let mut unbound = with_phase("e", "Running");
+    unbound["spec"].as_object_mut().unwrap().remove("nodeName");
+    assert!(pod_err(unbound).contains("spec.nodeName"));
+}
+
+#[test]
+fn pods_a_real_api_server_refuses_are_errors() {
+    let mut no_spec = pod("ns", "a", json!([]));
+    no_spec.as_object_mut().unwrap().remove("spec");
+    assert!(pod_err(no_spec).contains("Pod ns/a: spec:"));
+    let mut null_containers = pod("ns", "a", json!([]));
+    null_containers["spec"]["containers"] = Value::Null;
+    assert!(pod_err(null_containers).contains("spec.containers"));
+    let unequal = pod(
+        "ns",
+        "a",
+        json!([{"name": "m", "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}}]),
+    );
+    let e = pod_err(unequal);
+    assert!(e.contains("spec.containers[0].resources.requests.nvidia.com/gpu") && e.contains("equal"), "{e}");
+    let no_limit =
+        pod("ns", "a", json!([{"name": "m", "resources": {"requests": {"vpc.amazonaws.com/efa": "1"}}}]));
+    assert!(pod_err(no_limit).contains("limit must be set"));
+    // Equal, or a limit alone (the request defaults to it), is what the API server accepts.
+    let limit_only = pod("ns", "a", json!([{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]));
+    assert_eq!(one_pod(limit_only).gpu, crate::model::GpuDemand::Whole { count: 2 });
 }
 
 #[test]
