@@ -19,6 +19,7 @@ pub mod providers;
 pub mod scheduler;
 pub mod sim;
 pub mod tenancy;
+pub mod textfile;
 #[cfg(any(feature = "controller", feature = "agent"))]
 pub mod tls;
 pub mod trace;

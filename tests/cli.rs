@@ -46,7 +46,7 @@ fn plan_of_a_snapshot_takes_sizes_and_costs_from_its_nodes() {
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     // Two p4d.24xlarge nodes of prod-aws/gpu-a100-mig at the config's $19.76/h; the example's
     // other nodes belong to groups this account does not declare.
-    assert_eq!(plan["cost_before"], 2 * 19_760_000, "{plan}");
+    assert_eq!(plan["costBeforePerHourUsd"], 2.0 * 19.76, "{plan}");
     assert!(!text(&out.stderr).contains("embedded example"));
 
     let dir = tempfile::tempdir().unwrap();
@@ -78,10 +78,12 @@ fn plan_json_and_yaml_are_machine_readable() {
     let out = gpuscale(&["plan", "-o", "json"]);
     assert!(out.status.success());
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
-    assert_eq!(plan["scale_ups"][0]["group"], "sim/gpu-h100");
+    assert_eq!(plan["scaleUps"][0]["group"], "sim/gpu-h100");
+    // Money is decimal dollars with the unit in the field name.
+    assert_eq!(plan["scaleUps"][0]["costPerHourUsd"].as_f64(), Some(4.0 * 55.04), "{plan}");
     let out = gpuscale(&["plan", "-o", "yaml"]);
     let plan: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("valid YAML");
-    assert!(plan["cost_after"].as_u64().unwrap() > plan["cost_before"].as_u64().unwrap());
+    assert!(plan["costAfterPerHourUsd"].as_f64().unwrap() > plan["costBeforePerHourUsd"].as_f64().unwrap());
 }
 
 #[test]

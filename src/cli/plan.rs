@@ -17,13 +17,21 @@ const EMBEDDED_SNAPSHOT_NAME: &str = "<embedded>/examples/snapshots/mixed-gpu-cl
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Cluster snapshot: `kubectl get nodes,pods,poddisruptionbudgets -A -o json` output, a
-    /// YAML/JSON manifest, or a folder of them. Needs `--providers`.
+    /// YAML/JSON manifest, a folder of them, or `-` for standard input. Needs `--providers`.
     #[arg(long, requires = "providers")]
     snapshot: Option<PathBuf>,
-    /// Provider config file(s) with the node groups (repeatable). Needs `--snapshot`. Offline,
-    /// a cloud group's current size is the number of its nodes in the snapshot.
+    /// Provider config file(s) or folders of them with the node groups (repeatable). Needs
+    /// `--snapshot`. Offline, a cloud group's current size is the number of its nodes in the
+    /// snapshot.
     #[arg(long, requires = "snapshot")]
     providers: Vec<PathBuf>,
+    /// Largest snapshot input in MiB (a 5,000-node cluster's `kubectl get -o json` is about
+    /// 170 MiB).
+    #[arg(long, default_value_t = gpuscale::textfile::DEFAULT_MAX_INPUT_BYTES >> 20, value_name = "MIB")]
+    max_input_mib: u64,
+    /// Deepest nesting of lists and maps accepted in the snapshot.
+    #[arg(long, default_value_t = gpuscale::textfile::DEFAULT_MAX_DEPTH, value_name = "LEVELS")]
+    max_nesting: usize,
     /// Plan the embedded example cluster and its simulated account (what `plan` does with
     /// neither `--snapshot` nor `--providers`).
     #[arg(long, conflicts_with_all = ["snapshot", "providers"])]
@@ -53,9 +61,12 @@ enum Output {
     Yaml,
 }
 
-fn load_snapshot(path: Option<&Path>) -> anyhow::Result<gpuscale::k8s::LoadedSnapshot> {
+fn load_snapshot(
+    path: Option<&Path>,
+    limits: gpuscale::textfile::InputLimits,
+) -> anyhow::Result<gpuscale::k8s::LoadedSnapshot> {
     Ok(match path {
-        Some(p) => gpuscale::k8s::load_snapshot(p)?,
+        Some(p) => gpuscale::k8s::load_snapshot_with(p, limits)?,
         None => {
             let objects = gpuscale::k8s::parse_text(Path::new(EMBEDDED_SNAPSHOT_NAME), EMBEDDED_SNAPSHOT)?;
             gpuscale::k8s::convert(&objects)?
@@ -101,7 +112,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         Some(path) => GpuscaleConfig::load(path)?,
         None => GpuscaleConfig::default(),
     };
-    let mut loaded = load_snapshot(args.snapshot.as_deref())?;
+    let limits = gpuscale::textfile::InputLimits {
+        max_bytes: args.max_input_mib.saturating_mul(1 << 20),
+        max_depth: args.max_nesting,
+    };
+    let mut loaded = load_snapshot(args.snapshot.as_deref(), limits)?;
     let providers: ProviderConfig = if args.providers.is_empty() {
         eprintln!("gpuscale plan: the embedded example cluster and its simulated account (pass --snapshot and --providers for yours)");
         ProviderConfig::embedded_default()?

@@ -17,6 +17,14 @@ pub enum SnapshotError {
         #[source]
         source: std::io::Error,
     },
+    /// The input is not text within the limits (binary, too large, nested too deep).
+    #[error("{origin}: {reason}")]
+    Text {
+        /// File, folder entry or `<stdin>`.
+        origin: String,
+        /// What is wrong with it.
+        reason: crate::textfile::TextError,
+    },
     /// Malformed JSON.
     #[error("{}:{line}:{column}: invalid JSON: {message}", path.display())]
     Json {
@@ -75,6 +83,14 @@ pub enum SnapshotError {
         origin: String,
         /// What is there instead.
         reason: String,
+    },
+    /// A file with no objects at all: empty, only comments, `null` or `[]`.
+    #[error(
+        "{origin}: no Kubernetes objects (empty, null or []); an empty cluster is a List with items: []"
+    )]
+    Empty {
+        /// The file.
+        origin: String,
     },
     /// A field whose value the model cannot represent or that contradicts another field.
     #[error("{origin}: {object}: {field}: {value:?}: {reason}")]

@@ -23,7 +23,7 @@ pub use instance_types::instance_gpus;
 pub use node::{convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, NODE_GROUP_LABELS};
 pub use pod::{convert_pod, ConvertedPod, EffectiveRequests, HAMI_ALLOCATED};
 pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
-pub use source::{parse_text, read_path, SourcedObject};
+pub use source::{parse_text, read_path, read_path_with, SourcedObject};
 
 use crate::model::{ClusterSnapshot, DeviceAssignment, GpuDemand, Node, GPU_MILLI};
 use serde::de::DeserializeOwned;
@@ -43,8 +43,16 @@ pub struct LoadedSnapshot {
 /// Loads a snapshot from a file (JSON List, single object, multi-document YAML) or a directory
 /// of `*.json`/`*.yaml`/`*.yml` files (recursively, in path order).
 pub fn load_snapshot(path: &Path) -> Result<LoadedSnapshot, SnapshotError> {
+    load_snapshot_with(path, crate::textfile::InputLimits::default())
+}
+
+/// [`load_snapshot`] within input limits; `-` reads standard input.
+pub fn load_snapshot_with(
+    path: &Path,
+    limits: crate::textfile::InputLimits,
+) -> Result<LoadedSnapshot, SnapshotError> {
     let mut warnings = Vec::new();
-    let objects = read_path(path, &mut warnings)?;
+    let objects = read_path_with(path, limits, &mut warnings)?;
     let mut loaded = convert(&objects)?;
     warnings.append(&mut loaded.warnings);
     loaded.warnings = warnings;

@@ -2,6 +2,7 @@
 //! objects), multi-document YAML, and folders of both.
 
 use super::error::SnapshotError;
+use crate::textfile::{read_text, InputLimits, TextError};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -23,31 +24,83 @@ impl SourcedObject {
 }
 
 /// Reads every object under `path`: a file, or a directory walked recursively for `*.json`,
-/// `*.yaml` and `*.yml` files in path order.
+/// `*.yaml` and `*.yml` files in path order; `-` is standard input. Default input limits.
 pub fn read_path(path: &Path, warnings: &mut Vec<String>) -> Result<Vec<SourcedObject>, SnapshotError> {
+    read_path_with(path, InputLimits::default(), warnings)
+}
+
+/// [`read_path`] within `limits`. In a folder, manifests that are not text (binary data), Helm or
+/// Go templates that do not parse, and empty files are skipped with a warning naming them; a
+/// file named directly must parse.
+pub fn read_path_with(
+    path: &Path,
+    limits: InputLimits,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<SourcedObject>, SnapshotError> {
+    if path == Path::new("-") {
+        let text = read_text(std::io::stdin().lock(), limits)
+            .map_err(|reason| SnapshotError::Text { origin: STDIN.into(), reason })?;
+        return parse_text(Path::new(STDIN), &text);
+    }
     let meta =
         std::fs::metadata(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
-    let files = if meta.is_dir() {
-        let mut files = Vec::new();
-        collect_files(path, &mut files, warnings)?;
-        files.sort();
-        if files.is_empty() {
-            return Err(SnapshotError::NotObjects {
-                origin: path.display().to_string(),
-                reason: "no *.json, *.yaml or *.yml files in the folder".into(),
-            });
-        }
-        files
-    } else {
-        vec![path.to_path_buf()]
-    };
+    if !meta.is_dir() {
+        let text = read_file(path, limits)?;
+        return parse_text(path, &text);
+    }
+    let mut files = Vec::new();
+    collect_files(path, &mut files, warnings)?;
+    files.sort();
+    if files.is_empty() {
+        return Err(SnapshotError::NotObjects {
+            origin: path.display().to_string(),
+            reason: "no *.json, *.yaml or *.yml files in the folder".into(),
+        });
+    }
     let mut out = Vec::new();
+    let mut read_any = false;
     for file in files {
-        let text = std::fs::read_to_string(&file)
-            .map_err(|source| SnapshotError::Io { path: file.clone(), source })?;
-        out.extend(parse_text(&file, &text)?);
+        let text = match read_file(&file, limits) {
+            Err(SnapshotError::Text { origin, reason: reason @ TextError::Binary { .. } }) => {
+                warnings.push(format!("{origin}: {reason}; skipped"));
+                continue;
+            }
+            other => other?,
+        };
+        match parse_text(&file, &text) {
+            Ok(objects) => out.extend(objects),
+            Err(e @ (SnapshotError::Json { .. } | SnapshotError::Yaml { .. })) if text.contains("{{") => {
+                warnings.push(format!(
+                    "{e}; skipped: a Helm or Go template (render it first with `helm template`)"
+                ));
+                continue;
+            }
+            Err(e @ SnapshotError::Empty { .. }) => {
+                // An empty manifest among others is common (a placeholder, a file of comments).
+                warnings.push(format!("{e}; skipped"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        read_any = true;
+    }
+    if !read_any {
+        return Err(SnapshotError::NotObjects {
+            origin: path.display().to_string(),
+            reason: "no file in the folder holds Kubernetes objects".into(),
+        });
     }
     Ok(out)
+}
+
+/// The name standard input goes by in messages.
+const STDIN: &str = "<stdin>";
+
+fn read_file(path: &Path, limits: InputLimits) -> Result<String, SnapshotError> {
+    let file =
+        std::fs::File::open(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+    read_text(file, limits)
+        .map_err(|reason| SnapshotError::Text { origin: path.display().to_string(), reason })
 }
 
 fn collect_files(
@@ -102,16 +155,31 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
         flatten_docs(&name, docs, &mut out)?
     } else {
         let mut docs = Vec::new();
+        let yaml_error = |e: serde_yaml::Error| {
+            let loc = e.location();
+            SnapshotError::Yaml {
+                path: path.to_path_buf(),
+                line: loc.as_ref().map_or(0, |l| l.line()),
+                column: loc.as_ref().map_or(0, |l| l.column()),
+                message: e.to_string(),
+            }
+        };
+        // Merge keys (`<<: *defaults`) are YAML 1.1, which kubectl accepts; applying them needs
+        // the YAML value first, so only files that may have one take that path.
+        let merges = text.contains("<<");
         for doc in serde_yaml::Deserializer::from_str(text) {
-            let value = Value::deserialize(doc).map_err(|e| {
-                let loc = e.location();
-                SnapshotError::Yaml {
+            let value = if merges {
+                let mut yaml = serde_yaml::Value::deserialize(doc).map_err(yaml_error)?;
+                yaml.apply_merge().map_err(yaml_error)?;
+                serde_json::to_value(yaml).map_err(|e| SnapshotError::Yaml {
                     path: path.to_path_buf(),
-                    line: loc.as_ref().map_or(0, |l| l.line()),
-                    column: loc.as_ref().map_or(0, |l| l.column()),
+                    line: 0,
+                    column: 0,
                     message: e.to_string(),
-                }
-            })?;
+                })?
+            } else {
+                Value::deserialize(doc).map_err(yaml_error)?
+            };
             docs.push(value);
         }
         flatten_docs(&name, docs, &mut out)?
@@ -119,11 +187,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
     if out.is_empty() && !saw_list {
         // Only a List that says so may hold no objects: an empty file, `null` or `[]` is
         // more likely a failed export than an empty cluster.
-        return Err(SnapshotError::NotObjects {
-            origin: name,
-            reason: "no Kubernetes objects (empty, null or []); an empty cluster is a List with items: []"
-                .into(),
-        });
+        return Err(SnapshotError::Empty { origin: name });
     }
     Ok(out)
 }

@@ -94,6 +94,28 @@ impl GpuDevice {
         }
     }
 
+    /// The allocated share of the GPU in milli-GPU, from what pods hold: a MIG GPU is measured
+    /// against the instances it has (or all its slices when partitioned on demand), so an
+    /// unused layout counts as free, not as the slices its geometry leaves over.
+    pub fn allocated_milli(&self, geometry: Option<&MigGeometry>) -> u32 {
+        match &self.mode {
+            GpuMode::Standard => self.used_milli.min(GPU_MILLI),
+            GpuMode::Mig { instances, dynamic } => {
+                let Some(g) = geometry else { return 0 };
+                let slices = |i: &MigInstance| {
+                    g.profile(&i.placement.profile).map_or(0, |p| u32::from(p.memory_slices))
+                };
+                let used: u32 = instances.iter().filter(|i| i.used).map(slices).sum();
+                let whole =
+                    if *dynamic { u32::from(g.memory_slices) } else { instances.iter().map(slices).sum() };
+                (used * GPU_MILLI).checked_div(whole).unwrap_or(0)
+            }
+            GpuMode::TimeSliced { replicas } => {
+                self.used_replicas.min(*replicas) * GPU_MILLI / (*replicas).max(1)
+            }
+        }
+    }
+
     /// True when nothing is allocated on the GPU.
     pub fn is_idle(&self) -> bool {
         match &self.mode {
@@ -144,4 +166,35 @@ pub enum DeviceAssignment {
         /// GPU index of each replica.
         gpus: Vec<u8>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::mig::{MigPlacement, A100_40GB};
+
+    fn all_1g(used: usize) -> GpuDevice {
+        let instances = (0..7)
+            .map(|i| MigInstance {
+                placement: MigPlacement { profile: "1g.5gb".into(), start: i as u8 },
+                used: i < used,
+            })
+            .collect();
+        GpuDevice { mode: GpuMode::Mig { instances, dynamic: false }, ..GpuDevice::standard(0, 40_960) }
+    }
+
+    #[test]
+    fn mig_allocation_counts_the_instances_pods_hold() {
+        // An A100 in seven 1g.5gb instances leaves one memory slice no profile uses: idle, it is
+        // 0% allocated (not 12.5%), and full it is 100%.
+        assert_eq!(all_1g(0).allocated_milli(Some(&A100_40GB)), 0);
+        assert_eq!(all_1g(7).allocated_milli(Some(&A100_40GB)), GPU_MILLI);
+        assert_eq!(all_1g(1).allocated_milli(Some(&A100_40GB)), GPU_MILLI / 7);
+        let sliced = GpuDevice {
+            mode: GpuMode::TimeSliced { replicas: 4 },
+            used_replicas: 1,
+            ..GpuDevice::standard(0, 0)
+        };
+        assert_eq!(sliced.allocated_milli(None), 250);
+    }
 }

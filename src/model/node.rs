@@ -182,6 +182,13 @@ impl Node {
         self.gpus.iter().map(|d| u64::from(d.free_milli(g))).sum()
     }
 
+    /// Share of the node's GPUs that pods hold, 0..=1 ([`GpuDevice::allocated_milli`]).
+    pub fn gpu_allocation(&self) -> f64 {
+        let g = self.mig_geometry();
+        let used: u64 = self.gpus.iter().map(|d| u64::from(d.allocated_milli(g))).sum();
+        used as f64 / self.gpu_milli_capacity().max(1) as f64
+    }
+
     /// Number of GPUs with nothing allocated.
     pub fn idle_gpus(&self) -> usize {
         self.gpus.iter().filter(|d| d.is_idle()).count()

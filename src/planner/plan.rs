@@ -9,6 +9,7 @@ use std::fmt::Write;
 
 /// A pending pod that fits capacity that exists or is already on its way.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PendingPlacement {
     /// Pod `namespace/name`.
     pub pod: String,
@@ -22,6 +23,7 @@ pub struct PendingPlacement {
 
 /// Grow a node group.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ScaleUp {
     /// Node group id.
     pub group: String,
@@ -35,12 +37,14 @@ pub struct ScaleUp {
     pub pods: Vec<String>,
     /// Why this group.
     pub reason: String,
-    /// Added cost per hour.
+    /// Added cost per hour (decimal dollars in JSON and YAML).
+    #[serde(rename = "costPerHourUsd", serialize_with = "usd_value")]
     pub cost_per_hour: MicroDollarsPerHour,
 }
 
 /// Remove one node (drain it, then delete its instance).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ScaleDown {
     /// Node name.
     pub node: String,
@@ -53,11 +57,13 @@ pub struct ScaleDown {
     /// Why.
     pub reason: String,
     /// Saved cost per hour.
+    #[serde(rename = "savingPerHourUsd", serialize_with = "usd_value")]
     pub saving_per_hour: MicroDollarsPerHour,
 }
 
 /// Replace a node by a cheaper one that holds all its pods.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Replace {
     /// Node to remove.
     pub node: String,
@@ -68,11 +74,13 @@ pub struct Replace {
     /// Pods that move to the replacement.
     pub pods: Vec<String>,
     /// Saved cost per hour.
+    #[serde(rename = "savingPerHourUsd", serialize_with = "usd_value")]
     pub saving_per_hour: MicroDollarsPerHour,
 }
 
 /// A pending pod no action can serve.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Unschedulable {
     /// Pod `namespace/name`.
     pub pod: String,
@@ -83,6 +91,7 @@ pub struct Unschedulable {
 /// Evict lower-priority or borrowing pods so that a pending pod runs now instead of waiting for
 /// (or paying for) a scale-up.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Preempt {
     /// Pending pod `namespace/name`.
     pub pod: String,
@@ -93,11 +102,13 @@ pub struct Preempt {
     /// Why eviction and not scale-up (costs compared), or why reclaim.
     pub reason: String,
     /// $/h of the scale-up alternative, when there was one.
+    #[serde(rename = "alternativeCostPerHourUsd", serialize_with = "usd_option")]
     pub alternative_cost: Option<MicroDollarsPerHour>,
 }
 
 /// A node that stays although it is under-used, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Kept {
     /// Node name.
     pub node: String,
@@ -107,6 +118,7 @@ pub struct Kept {
 
 /// A GPU that pods hold but the node's agent measured idle for longer than the idle window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct IdleGpu {
     /// Node name.
     pub node: String,
@@ -121,11 +133,13 @@ pub struct IdleGpu {
     /// Every holder opted in to reclaim, so the GPU counted as free for scale-down.
     pub reclaimable: bool,
     /// Its share of the node's price.
+    #[serde(rename = "costPerHourUsd", serialize_with = "usd_value")]
     pub cost_per_hour: MicroDollarsPerHour,
 }
 
 /// Re-partition MIG GPUs of an existing node instead of adding a node for pending MIG pods.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct MigRepartition {
     /// Node name.
     pub node: String,
@@ -145,6 +159,7 @@ pub struct MigRepartition {
     /// Pending pods the new instances are for.
     pub pods: Vec<String>,
     /// Price of the scale-up this avoids.
+    #[serde(rename = "savingPerHourUsd", serialize_with = "usd_value")]
     pub saving_per_hour: MicroDollarsPerHour,
 }
 
@@ -163,6 +178,7 @@ pub fn shown(text: &str) -> Cow<'_, str> {
 
 /// The scaling plan for one snapshot.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Plan {
     /// Pending pods that fit existing or in-flight capacity.
     pub placements: Vec<PendingPlacement>,
@@ -184,11 +200,26 @@ pub struct Plan {
     /// Allocated GPUs measured idle for longer than the idle window.
     pub idle_gpus: Vec<IdleGpu>,
     /// Cost per hour of the node groups now (target sizes).
+    #[serde(rename = "costBeforePerHourUsd", serialize_with = "usd_value")]
     pub cost_before: MicroDollarsPerHour,
     /// Cost per hour after the plan.
+    #[serde(rename = "costAfterPerHourUsd", serialize_with = "usd_value")]
     pub cost_after: MicroDollarsPerHour,
     /// Non-fatal notes about the input.
     pub warnings: Vec<String>,
+}
+
+/// Money in JSON and YAML: decimal dollars (the field name says the unit), rounded to the
+/// micro-dollar the planner counts in.
+fn usd_value<S: serde::Serializer>(micro: &MicroDollarsPerHour, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(*micro as f64 / 1e6)
+}
+
+fn usd_option<S: serde::Serializer>(micro: &Option<MicroDollarsPerHour>, s: S) -> Result<S::Ok, S::Error> {
+    match micro {
+        Some(m) => usd_value(m, s),
+        None => s.serialize_none(),
+    }
 }
 
 fn usd(micro: MicroDollarsPerHour) -> String {

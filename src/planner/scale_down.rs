@@ -30,8 +30,7 @@ pub(crate) struct ScaleDowns {
 /// memory. GPU nodes are judged by their GPUs because that is what they cost.
 pub fn utilization(node: &Node) -> f64 {
     if !node.gpus.is_empty() {
-        let cap = node.gpu_milli_capacity() as f64;
-        return (cap - node.gpu_milli_free() as f64) / cap;
+        return node.gpu_allocation();
     }
     let cpu = node.allocated.cpu_milli as f64 / node.allocatable.cpu_milli.max(1) as f64;
     let mem = node.allocated.memory_bytes as f64 / node.allocatable.memory_bytes.max(1) as f64;

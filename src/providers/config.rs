@@ -388,6 +388,14 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The file is not text within the limits (binary, too large, nested too deep).
+    #[error("{file}: {reason}")]
+    Text {
+        /// File.
+        file: PathBuf,
+        /// What is wrong with it.
+        reason: crate::textfile::TextError,
+    },
     /// Malformed YAML or a value of the wrong shape.
     #[error("{file}:{line}:{column}: {message}")]
     Yaml {
@@ -440,12 +448,45 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ProviderConfig, ConfigE
     }
     let mut files = Vec::new();
     for p in paths {
-        let path = p.as_ref().to_path_buf();
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| ConfigError::Io { file: path.clone(), source })?;
-        files.push((path, text));
+        for path in config_files(p.as_ref())? {
+            let file = std::fs::File::open(&path)
+                .map_err(|source| ConfigError::Io { file: path.clone(), source })?;
+            let limits = crate::textfile::InputLimits { max_bytes: MAX_CONFIG_BYTES, ..Default::default() };
+            let text = crate::textfile::read_text(file, limits)
+                .map_err(|reason| ConfigError::Text { file: path.clone(), reason })?;
+            files.push((path, text));
+        }
     }
     load_strs(&files)
+}
+
+/// Largest provider config file: far above any real one (they are kilobytes).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// A config path as files: a file, or a folder's `*.yaml`/`*.yml` files in name order.
+fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let io = |source| ConfigError::Io { file: path.to_path_buf(), source };
+    if !std::fs::metadata(path).map_err(io)?.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(io)? {
+        let p = entry.map_err(io)?.path();
+        let ext = p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        if p.is_file() && matches!(ext.as_deref(), Some("yaml" | "yml")) {
+            files.push(p);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(ConfigError::Invalid {
+            file: path.to_path_buf(),
+            field: "(folder)".into(),
+            value: String::new(),
+            reason: "no *.yaml or *.yml provider config files in the folder".into(),
+        });
+    }
+    Ok(files)
 }
 
 /// Parses and validates config texts given as `(file name, contents)`; the names appear in errors.
@@ -493,11 +534,18 @@ fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
         ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
     };
     // First as a generic value: syntax errors with positions, and empty files (comments only).
-    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
+    let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
     if value.is_null() {
         return Err(ConfigError::Empty { file: path.to_path_buf() });
     }
-    let file: ConfigFile = serde_yaml::from_str(text).map_err(yaml_err)?;
+    // Merge keys (`<<: *defaults`, YAML 1.1) share settings between groups; applying them needs
+    // the value, whose errors have no position, so only files that use them take that path.
+    let file: ConfigFile = if text.contains("<<") {
+        value.apply_merge().map_err(yaml_err)?;
+        serde_yaml::from_value(value).map_err(yaml_err)?
+    } else {
+        serde_yaml::from_str(text).map_err(yaml_err)?
+    };
     if file.accounts.is_empty() {
         return Err(ConfigError::Invalid {
             file: path.to_path_buf(),
