@@ -37,6 +37,8 @@ echo "test.sh: helm at $GPUSCALE_HELM" >&2
 # The real control plane for the end-to-end tests (tests/k8s_*.rs): built once per pinned version
 # (about 8 minutes cold on 2 cores), then reused. Each test starts its own processes on loopback.
 command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
+# GNU time measures the peak memory of each hostile input (tests/hostile_input.rs).
+[[ -x /usr/bin/time ]] || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
 GPUSCALE_K8S_BIN="$(scripts/k8s-controlplane.sh)" || { echo "test.sh: the Kubernetes control plane could not be built" >&2; exit 1; }
 export GPUSCALE_K8S_BIN
 echo "test.sh: kube-apiserver, kube-scheduler and etcd in $GPUSCALE_K8S_BIN" >&2
