@@ -684,3 +684,49 @@ async fn assumes_the_configured_role_through_sts() {
     let err = AwsProvider::connect(bad).await.expect_err("bad role arn");
     assert!(err.to_string().contains("role_arn"), "{err}");
 }
+
+/// `gpuscale plan --live-groups`: the group sizes come from the cloud, not from counting the
+/// snapshot's nodes. An ASG running three instances costs three instances before the plan even
+/// though the snapshot shows none of them (their nodes have not registered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_with_live_groups_reads_the_real_sizes() {
+    let endpoint = moto();
+    let (asg_client, ec2) = clients(&endpoint).await;
+    let cluster = unique("live");
+    let template = unique("lt-live");
+    launch_template(&ec2, &template, "g5.xlarge", false).await;
+    let name = format!("{cluster}-gpu-a10g");
+    let mut tags = cluster_tags(&name, &cluster);
+    tags.push(tag(&name, "gpuscale.io/price-on-demand", "1.006"));
+    asg(&asg_client, &name, &template, None, (0, 5, 3), tags).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("aws.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "accounts:\n  - name: live\n    provider: aws\n    region: {REGION}\n    endpointUrl: {endpoint}\n    credentials: {{env: true}}\n    discovery:\n      tags:\n        {ENABLED}: \"true\"\n        k8s.io/cluster-autoscaler/{cluster}: owned\n"
+        ),
+    )
+    .unwrap();
+    let snapshot = dir.path().join("empty.json");
+    std::fs::write(&snapshot, r#"{"apiVersion":"v1","kind":"List","items":[]}"#).unwrap();
+    let plan = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+            .args(["plan", "--snapshot", snapshot.to_str().unwrap(), "--providers", config.to_str().unwrap()])
+            .args(["-o", "json"])
+            .args(extra)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", REGION)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let live = plan(&["--live-groups"]);
+    assert_eq!(live["costBeforePerHourUsd"].as_f64(), Some(3.0 * 1.006), "{live}");
+    // Offline, the group holds the snapshot's nodes: none.
+    let offline = plan(&[]);
+    assert_eq!(offline["costBeforePerHourUsd"].as_f64(), Some(0.0), "{offline}");
+}

@@ -32,6 +32,10 @@ pub struct PlanArgs {
     /// Deepest nesting of lists and maps accepted in the snapshot.
     #[arg(long, default_value_t = gpuscale::textfile::DEFAULT_MAX_DEPTH, value_name = "LEVELS")]
     max_nesting: usize,
+    /// Read the node groups' real sizes and instances from the cloud (the provider config's
+    /// credentials), as `gpuscale run` does, instead of counting the snapshot's nodes.
+    #[arg(long, requires = "providers")]
+    live_groups: bool,
     /// Plan the embedded example cluster and its simulated account (what `plan` does with
     /// neither `--snapshot` nor `--providers`).
     #[arg(long, conflicts_with_all = ["snapshot", "providers"])]
@@ -103,6 +107,29 @@ fn offline_sizes(
     groups
 }
 
+/// The groups of every account with the sizes and instances the cloud reports now. An account
+/// that cannot be read is an error: a plan from guessed sizes is what this flag avoids.
+#[cfg(feature = "controller")]
+fn live_groups(providers: &ProviderConfig) -> anyhow::Result<Vec<gpuscale::model::NodeGroup>> {
+    use gpuscale::controller::providers::ProviderSet;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let set = ProviderSet::connect(providers).await?;
+        let refreshed = set.refresh().await;
+        if let Some((account, error)) = refreshed.failures.first() {
+            anyhow::bail!("--live-groups: account {account}: {error}");
+        }
+        Ok(refreshed.groups)
+    })
+}
+
+#[cfg(not(feature = "controller"))]
+fn live_groups(_: &ProviderConfig) -> anyhow::Result<Vec<gpuscale::model::NodeGroup>> {
+    anyhow::bail!(
+        "--live-groups needs the cloud providers, which this build leaves out (cargo feature controller)"
+    )
+}
+
 /// Runs the command.
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     if let Some(u) = args.scale_down_utilization.filter(|u| !(0.0..=1.0).contains(u)) {
@@ -123,7 +150,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     } else {
         config::load_files(&args.providers)?
     };
-    let groups = offline_sizes(&providers, &loaded.snapshot, &mut loaded.warnings);
+    let groups = if args.live_groups {
+        live_groups(&providers)?
+    } else {
+        offline_sizes(&providers, &loaded.snapshot, &mut loaded.warnings)
+    };
     let input = PlanInput { snapshot: loaded.snapshot, groups, ..Default::default() };
     let mut settings: PlannerSettings = settings_file.planner;
     settings.telemetry = settings_file.telemetry;
