@@ -78,7 +78,7 @@ fn laughs() -> String {
     let mut s = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x]\n");
     for i in 1..10 {
         let p = format!("*a{}", i - 1);
-        s += &format!("a{i}: &a{i} [{}]\n", vec![p.as_str(); 9].join(", "));
+        s += &format!("a{i}: &a{i} [{}]\n", [p.as_str(); 9].join(", "));
     }
     s
 }
