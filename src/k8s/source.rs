@@ -26,7 +26,7 @@ impl SourcedObject {
 /// `*.yaml` and `*.yml` files in path order.
 pub fn read_path(path: &Path, warnings: &mut Vec<String>) -> Result<Vec<SourcedObject>, SnapshotError> {
     let meta =
-        std::fs::metadata(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+        std::fs::metadata(path).map_err(|cause| SnapshotError::Io { path: path.to_path_buf(), cause })?;
     let files = if meta.is_dir() {
         let mut files = Vec::new();
         collect_files(path, &mut files, warnings)?;
@@ -44,7 +44,7 @@ pub fn read_path(path: &Path, warnings: &mut Vec<String>) -> Result<Vec<SourcedO
     let mut out = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file)
-            .map_err(|source| SnapshotError::Io { path: file.clone(), source })?;
+            .map_err(|cause| SnapshotError::Io { path: file.clone(), cause })?;
         out.extend(parse_text(&file, &text)?);
     }
     Ok(out)
@@ -55,7 +55,7 @@ fn collect_files(
     out: &mut Vec<PathBuf>,
     warnings: &mut Vec<String>,
 ) -> Result<(), SnapshotError> {
-    let io = |source| SnapshotError::Io { path: dir.to_path_buf(), source };
+    let io = |cause| SnapshotError::Io { path: dir.to_path_buf(), cause };
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let path = entry.path();

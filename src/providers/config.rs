@@ -380,16 +380,15 @@ pub enum ConfigError {
     #[error("no provider config files given")]
     NoFiles,
     /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read: {cause}")]
     Io {
         /// File.
         file: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
+        /// Cause (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// Malformed YAML or a value of the wrong shape.
-    #[error("{file}:{line}:{column}: {message}")]
+    #[error("{}: {message}", at(.file, *.line, *.column))]
     Yaml {
         /// File.
         file: PathBuf,
@@ -441,8 +440,8 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ProviderConfig, ConfigE
     let mut files = Vec::new();
     for p in paths {
         let path = p.as_ref().to_path_buf();
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| ConfigError::Io { file: path.clone(), source })?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|cause| ConfigError::Io { file: path.clone(), cause })?;
         files.push((path, text));
     }
     load_strs(&files)
@@ -487,11 +486,27 @@ fn collapse(mut errors: Vec<ConfigError>) -> ConfigError {
     }
 }
 
-fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
-    let yaml_err = |e: serde_yaml::Error| {
+/// `file:line:column`, or the file alone when the position is unknown (0).
+fn at(file: &Path, line: usize, column: usize) -> String {
+    if line == 0 {
+        file.display().to_string()
+    } else {
+        format!("{}:{line}:{column}", file.display())
+    }
+}
+
+impl ConfigError {
+    /// A YAML error of `file`: the position leads the message once (serde_yaml also appends
+    /// ` at line L column C`, which would repeat it).
+    pub fn yaml(file: &Path, e: &serde_yaml::Error) -> Self {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-        ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
-    };
+        let message = e.to_string().replacen(&format!(" at line {line} column {column}"), "", 1);
+        ConfigError::Yaml { file: file.to_path_buf(), line, column, message }
+    }
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
+    let yaml_err = |e: serde_yaml::Error| ConfigError::yaml(path, &e);
     // First as a generic value: syntax errors with positions, and empty files (comments only).
     let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
     if value.is_null() {
