@@ -306,3 +306,72 @@ fn an_address_in_use_is_reported_once() {
     assert_eq!(count(&err, &addr), 1, "{err}");
     assert_eq!(count(&err, "Address already in use"), 1, "the cause once: {err}");
 }
+
+/// Runs gpuscale with stderr on a pseudo-terminal and returns what it wrote there.
+#[cfg(all(unix, feature = "controller"))]
+fn stderr_on_a_terminal(args: &[&str], no_color: Option<&str>) -> String {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut controller, mut terminal) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors, which are owned here from then on.
+    let rc = unsafe {
+        libc::openpty(
+            &mut controller,
+            &mut terminal,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened by openpty and nothing else owns them.
+    let (controller, terminal) =
+        unsafe { (OwnedFd::from_raw_fd(controller), OwnedFd::from_raw_fd(terminal)) };
+    let mut reader = std::fs::File::from(controller);
+    let collect = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Reading the controller side ends with EIO once no process holds the terminal side.
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    });
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuscale"));
+    cmd.args(args)
+        .env_remove("NO_COLOR")
+        .env_remove("HOSTNAME")
+        .env_remove("POD_NAME")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("RUST_LOG", "trace")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(terminal));
+    if let Some(v) = no_color {
+        cmd.env("NO_COLOR", v);
+    }
+    let status = cmd.status().expect("runs gpuscale");
+    drop(cmd);
+    assert!(!status.success(), "no cluster here");
+    String::from_utf8_lossy(&collect.join().unwrap()).into_owned()
+}
+
+/// Log lines are coloured for a person at a terminal, and not with `NO_COLOR` set (no-color.org:
+/// any non-empty value); with stderr on a pipe they never are (the dry-run test above).
+#[cfg(all(unix, feature = "controller"))]
+#[test]
+fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+    let args = ["run", "--dry-run", "--providers", SIMULATED];
+    let plain = stderr_on_a_terminal(&args, None);
+    assert!(plain.contains("kube_client"), "a log line to check: {plain}");
+    assert!(plain.contains("\x1b["), "a terminal gets colour: {plain:?}");
+    let no_color = stderr_on_a_terminal(&args, Some("1"));
+    assert!(no_color.contains("kube_client"), "a log line to check: {no_color}");
+    assert!(!no_color.contains('\x1b'), "NO_COLOR=1 turns colour off: {no_color:?}");
+    // An empty NO_COLOR is as good as unset.
+    assert!(stderr_on_a_terminal(&args, Some("")).contains("\x1b["));
+}
