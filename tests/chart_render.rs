@@ -284,6 +284,7 @@ fn check(r: &Rendered, e: &Expect) {
     }
     let args = c.args.clone().unwrap_or_default();
     assert_eq!(args[..want_args.len()], want_args[..], "controller args");
+    binary_accepts(&args);
     assert_eq!(env_field_ref(c, "POD_NAME"), "metadata.name");
     assert_eq!(env_field_ref(c, "POD_NAMESPACE"), "metadata.namespace");
     assert_eq!(named_port(c, "metrics"), e.port);
@@ -443,6 +444,7 @@ fn check(r: &Rendered, e: &Expect) {
         let c = container(pod, "agent");
         let args = c.args.clone().unwrap_or_default();
         assert_eq!(args[..3], ["agent", "--listen", "0.0.0.0:9400"]);
+        binary_accepts(&args);
         assert_eq!(env_field_ref(c, "NODE_NAME"), "spec.nodeName");
         assert_eq!(named_port(c, "metrics"), 9400);
         let live = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("agent liveness probe");
@@ -477,6 +479,21 @@ fn check(r: &Rendered, e: &Expect) {
         assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
         assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"][0], NAMESPACE);
     }
+}
+
+/// The `gpuscale` binary parses the arguments a container is given (a flag it does not know would
+/// crash-loop the pod): with `--help` appended, it stops after parsing them, changing nothing.
+fn binary_accepts(args: &[String]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("runs gpuscale");
+    assert!(
+        out.status.success(),
+        "gpuscale rejects the rendered arguments {args:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn lint(values: Option<&Path>) {
@@ -550,7 +567,7 @@ fn aws_values_render_irsa_dry_run_and_service_monitor() {
     let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
     assert!(anti.required_during_scheduling_ignored_during_execution.is_some(), "hard anti-affinity");
     let args = pod.containers[0].args.clone().unwrap();
-    assert_eq!(args[args.len() - 2..], ["--interval", "10s"], "extra args come last");
+    assert_eq!(args[args.len() - 2..], ["--health-staleness-seconds", "600"], "extra args come last");
 }
 
 #[test]
