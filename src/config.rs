@@ -27,21 +27,19 @@ impl GpuscaleConfig {
     /// Reads and parses a config file; errors name the file, line and field.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Io { file: path.to_path_buf(), source })?;
+            .map_err(|cause| ConfigError::Io { file: path.to_path_buf(), cause })?;
         Self::parse(path, &text)
     }
 
     /// Parses config text; `path` only names the source in errors. An empty file is the default.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let yaml_err = |e: serde_yaml::Error| {
-            let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-            ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
-        };
+        let yaml_err = |e: serde_yaml::Error| ConfigError::yaml(path, &e);
         let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
         if value.is_null() {
             return Ok(Self::default());
         }
-        let config: Self = serde_yaml::from_value(value).map_err(yaml_err)?;
+        // From the text, not the value: errors then carry their line and column.
+        let config: Self = serde_yaml::from_str(text).map_err(yaml_err)?;
         if let Some(tenancy) = &config.tenancy {
             tenancy.validate(path)?;
         }
@@ -72,7 +70,11 @@ mod tests {
     fn errors_name_file_field_and_value() {
         let p = Path::new("/etc/gpuscale/gpuscale.yaml");
         let e = GpuscaleConfig::parse(p, "planner:\n  scaleDownUtilisation: 0.3\n").unwrap_err().to_string();
-        assert!(e.contains("/etc/gpuscale/gpuscale.yaml") && e.contains("scaleDownUtilisation"), "{e}");
+        assert!(
+            e.starts_with("/etc/gpuscale/gpuscale.yaml:2:3: ") && e.contains("scaleDownUtilisation"),
+            "{e}"
+        );
+        assert!(!e.contains(" at line "), "the position once: {e}");
         let e = GpuscaleConfig::parse(p, "planner:\n  scaleDownUtilization: 1.5\n").unwrap_err().to_string();
         assert!(e.contains("planner.scaleDownUtilization = 1.5"), "{e}");
         let e = GpuscaleConfig::parse(p, "planner: [1, 2\n").unwrap_err().to_string();

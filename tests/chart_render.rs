@@ -284,6 +284,7 @@ fn check(r: &Rendered, e: &Expect) {
     }
     let args = c.args.clone().unwrap_or_default();
     assert_eq!(args[..want_args.len()], want_args[..], "controller args");
+    binary_accepts(&args);
     assert_eq!(env_field_ref(c, "POD_NAME"), "metadata.name");
     assert_eq!(env_field_ref(c, "POD_NAMESPACE"), "metadata.namespace");
     assert_eq!(named_port(c, "metrics"), e.port);
@@ -443,6 +444,7 @@ fn check(r: &Rendered, e: &Expect) {
         let c = container(pod, "agent");
         let args = c.args.clone().unwrap_or_default();
         assert_eq!(args[..3], ["agent", "--listen", "0.0.0.0:9400"]);
+        binary_accepts(&args);
         assert_eq!(env_field_ref(c, "NODE_NAME"), "spec.nodeName");
         assert_eq!(named_port(c, "metrics"), 9400);
         let live = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("agent liveness probe");
@@ -477,6 +479,21 @@ fn check(r: &Rendered, e: &Expect) {
         assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
         assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"][0], NAMESPACE);
     }
+}
+
+/// The `gpuscale` binary parses the arguments a container is given (a flag it does not know would
+/// crash-loop the pod): with `--help` appended, it stops after parsing them, changing nothing.
+fn binary_accepts(args: &[String]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("runs gpuscale");
+    assert!(
+        out.status.success(),
+        "gpuscale rejects the rendered arguments {args:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn lint(values: Option<&Path>) {
@@ -550,7 +567,7 @@ fn aws_values_render_irsa_dry_run_and_service_monitor() {
     let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
     assert!(anti.required_during_scheduling_ignored_during_execution.is_some(), "hard anti-affinity");
     let args = pod.containers[0].args.clone().unwrap();
-    assert_eq!(args[args.len() - 2..], ["--interval", "10s"], "extra args come last");
+    assert_eq!(args[args.len() - 2..], ["--health-staleness-seconds", "600"], "extra args come last");
 }
 
 #[test]
@@ -594,4 +611,290 @@ fn credentials_as_env_and_bad_values_are_reported() {
     assert!(err.contains("must end in .yaml"), "{err}");
     let err = render(None, &["--set", "serviceAccount.create=false"]).err().expect("a missing SA name fails");
     assert!(err.contains("serviceAccount.name is required"), "{err}");
+}
+
+// ---- The Grafana dashboard -------------------------------------------------------------------
+
+const DASHBOARD: &str = "dashboards/gpuscale.json";
+
+fn dashboard() -> serde_json::Value {
+    let text = std::fs::read_to_string(chart_dir().join(DASHBOARD)).expect("the dashboard file");
+    serde_json::from_str(&text).expect("the dashboard is JSON")
+}
+
+/// The controller's metrics with every family holding a series (prometheus-client encodes no
+/// family without one), through the same calls the loop makes.
+fn controller_metrics() -> gpuscale::controller::metrics::Metrics {
+    use gpuscale::model::{ClusterSnapshot, GpuDemand, Node, NodeGroup, NodeState, Workload};
+    let m = gpuscale::controller::metrics::Metrics::new();
+    let pending = |id: &str, gpu| Workload { id: id.into(), gpu, ..Default::default() };
+    let snapshot = ClusterSnapshot {
+        nodes: vec![Node {
+            name: "n".into(),
+            node_group: Some("g".into()),
+            state: NodeState::Ready,
+            ..Default::default()
+        }],
+        workloads: vec![
+            pending("ns/whole", GpuDemand::Whole { count: 1 }),
+            pending("ns/mig", GpuDemand::Mig { profile: "1g.10gb".into(), count: 1 }),
+        ],
+        disruption_budgets: vec![],
+    };
+    m.observe_plan(&gpuscale::planner::Plan::default(), &snapshot, std::time::Duration::from_millis(5));
+    m.observe_groups(&[NodeGroup {
+        id: "acct/g".into(),
+        account: "acct".into(),
+        instance_type: "p5.48xlarge".into(),
+        zones: vec![],
+        capacity_type: Default::default(),
+        price: 0,
+        min_size: 0,
+        max_size: 1,
+        target_size: 1,
+        instances: vec![],
+        template: Node::default(),
+    }]);
+    m.scaled_up("acct/g", 1);
+    m.scaled_down("acct/g");
+    m.error("scale_up");
+    m.backoff("acct/g");
+    m.set_leader(true);
+    m
+}
+
+/// The agent's metrics with every family holding a series.
+fn agent_metrics() -> gpuscale::agent::AgentMetrics {
+    use gpuscale::model::{GpuSample, MigSample, NodeTelemetry};
+    let m = gpuscale::agent::AgentMetrics::new();
+    // A driver gone and back: the unavailable counter first, as it clears the GPU series.
+    m.record_unavailable();
+    m.record(&NodeTelemetry {
+        sampled_at: 100,
+        gpus: vec![GpuSample {
+            index: 0,
+            uuid: "GPU-0".into(),
+            model: "A100-80GB".into(),
+            utilization_pct: Some(0),
+            memory_used_bytes: 0,
+            memory_total_bytes: 80 << 30,
+            ecc_errors: 0,
+            healthy: true,
+            mig: vec![MigSample { profile: "1g.10gb".into(), start: None, utilization_pct: None }],
+            idle_since: Some(0),
+        }],
+    });
+    m.record_error();
+    m.record_annotation(true);
+    m.record_annotation(false);
+    m
+}
+
+/// Registrations in the metric modules' source: how many families the encodings must show.
+fn registrations() -> usize {
+    ["src/controller/metrics.rs", "src/agent/metrics.rs"]
+        .iter()
+        .map(|f| {
+            let text =
+                std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).expect("source");
+            text.matches(".register(").count() + text.matches(".register_with_unit(").count()
+        })
+        .sum()
+}
+
+/// Every series name PromQL can query, mapped to its metric family, from the registries the
+/// controller and the agent really build: counters are queried with `_total`, histograms as
+/// `_bucket`, `_sum` and `_count`, gauges by their name.
+fn registered_series() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut families = 0;
+    for text in [controller_metrics().encode(), agent_metrics().encode()] {
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+            let (family, kind) = rest.split_once(' ').expect("# TYPE <name> <type>");
+            families += 1;
+            let series: Vec<String> = match kind {
+                "gauge" => vec![family.to_string()],
+                "counter" => vec![format!("{family}_total")],
+                "histogram" => ["_bucket", "_sum", "_count"].iter().map(|s| format!("{family}{s}")).collect(),
+                other => panic!("{family}: a metric type the dashboard test does not know: {other}"),
+            };
+            for s in series {
+                out.insert(s, family.to_string());
+            }
+        }
+    }
+    assert_eq!(
+        families,
+        registrations(),
+        "every registered family must hold a series here, or the checks below cannot see it: {out:?}"
+    );
+    out
+}
+
+/// The `gpuscale_…` metric names in a PromQL expression or a text.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("gpuscale_") {
+        let before_ok =
+            rest[..i].chars().next_back().is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        if before_ok {
+            out.push(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The dashboard's panels, rows' nested panels included.
+fn panels(dashboard: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let mut out = Vec::new();
+    for p in dashboard["panels"].as_array().expect("panels") {
+        if p["type"] == "row" {
+            out.extend(p["panels"].as_array().into_iter().flatten());
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn dashboard_queries_only_metrics_the_code_registers() {
+    let series = registered_series();
+    let d = dashboard();
+    assert_eq!(d["uid"], "gpuscale");
+    let vars = d["templating"]["list"].as_array().expect("templating");
+    assert!(
+        vars.iter().any(|v| v["name"] == "datasource" && v["type"] == "datasource"),
+        "a datasource variable"
+    );
+    let mut used = std::collections::BTreeSet::new();
+    let mut problems = Vec::new();
+    let panels = panels(&d);
+    for p in &panels {
+        let title = p["title"].as_str().unwrap_or("(untitled)");
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}: queries the chosen data source");
+        let targets = p["targets"].as_array().filter(|t| !t.is_empty());
+        let Some(targets) = targets else {
+            problems.push(format!("{title}: no query"));
+            continue;
+        };
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            let names = metric_names(expr);
+            if names.is_empty() {
+                problems.push(format!("{title}: {expr:?} queries no gpuscale metric"));
+            }
+            for n in names {
+                match series.get(&n) {
+                    Some(family) => {
+                        used.insert(family.clone());
+                    }
+                    None => problems.push(format!("{title}: {n} is not a metric the code registers")),
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Every controller metric has a panel (a new metric needs one), and the idle GPUs the agents
+    // report are on it.
+    let controller = controller_metrics().encode();
+    for family in
+        controller.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next())
+    {
+        assert!(used.contains(family), "no dashboard panel shows {family}");
+    }
+    assert!(used.contains("gpuscale_agent_gpu_idle_seconds"), "idle GPUs are on the dashboard");
+    // The check sees through PromQL: a name it does not know is reported.
+    assert_eq!(
+        metric_names("sum by (le) (rate(gpuscale_loop_duration_seconds_bucket[5m])) / x_gpuscale_y"),
+        ["gpuscale_loop_duration_seconds_bucket"]
+    );
+    assert!(!series.contains_key("gpuscale_loop_duration_seconds"), "a classic histogram has no bare series");
+    assert!(!series.contains_key("gpuscale_scale_ups"), "a counter is queried with _total");
+}
+
+/// `docs/operations.md` lists exactly the registered metrics, and names no other.
+#[test]
+fn operations_doc_lists_exactly_the_registered_metrics() {
+    let series = registered_series();
+    let families: std::collections::BTreeSet<&String> = series.values().collect();
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+        .expect("docs/operations.md");
+    let resolve = |name: &str| -> Option<String> {
+        series.get(name).cloned().or_else(|| families.contains(&name.to_string()).then(|| name.to_string()))
+    };
+    let mut listed = std::collections::BTreeSet::new();
+    for (i, line) in doc.lines().enumerate() {
+        for name in metric_names(line) {
+            let family = resolve(&name)
+                .unwrap_or_else(|| panic!("docs/operations.md:{}: {name} is not a registered metric", i + 1));
+            // The metric tables: rows whose first cell is the metric.
+            if line.starts_with(&format!("| `{name}`")) {
+                listed.insert(family);
+            }
+        }
+    }
+    let missing: Vec<&&String> = families.iter().filter(|f| !listed.contains(f.as_str())).collect();
+    assert!(missing.is_empty(), "registered but not in the metric tables of docs/operations.md: {missing:?}");
+}
+
+#[test]
+fn grafana_dashboard_configmap_only_when_enabled() {
+    let labelled = |r: &Rendered, key: &str| -> Vec<ConfigMap> {
+        r.configmaps
+            .iter()
+            .filter(|c| c.metadata.labels.as_ref().is_some_and(|l| l.contains_key(key)))
+            .cloned()
+            .collect()
+    };
+    let off = render(None, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(labelled(&off, "grafana_dashboard").is_empty(), "no dashboard ConfigMap by default");
+
+    let on = render(None, &["--set", "grafana.dashboard.enabled=true"]).unwrap_or_else(|e| panic!("{e}"));
+    let cms = labelled(&on, "grafana_dashboard");
+    assert_eq!(cms.len(), 1, "one dashboard ConfigMap");
+    let cm = &cms[0];
+    assert_eq!(cm.metadata.name.as_deref(), Some("rel-gpuscale-dashboard"));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(cm.metadata.labels.as_ref().unwrap()["grafana_dashboard"], "1");
+    let json = &cm.data.as_ref().expect("data")["gpuscale.json"];
+    let shipped: serde_json::Value = serde_json::from_str(json).expect("the ConfigMap holds JSON");
+    assert_eq!(shipped, dashboard(), "the ConfigMap carries the dashboard file unchanged");
+    lint_with(&["--set", "grafana.dashboard.enabled=true"]);
+
+    let custom = render(
+        None,
+        &[
+            "--set",
+            "grafana.dashboard.enabled=true",
+            "--set",
+            "grafana.dashboard.label=dashboards",
+            "--set",
+            "grafana.dashboard.labelValue=gpu",
+            "--set",
+            "grafana.dashboard.namespace=monitoring",
+            "--set",
+            "grafana.dashboard.annotations.grafana_folder=GPU",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let cms = labelled(&custom, "dashboards");
+    assert_eq!(cms.len(), 1);
+    assert_eq!(cms[0].metadata.labels.as_ref().unwrap()["dashboards"], "gpu");
+    assert_eq!(cms[0].metadata.namespace.as_deref(), Some("monitoring"));
+    assert_eq!(cms[0].metadata.annotations.as_ref().unwrap()["grafana_folder"], "GPU");
+}
+
+fn lint_with(extra: &[&str]) {
+    let chart = chart_dir();
+    let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
+    args.extend(extra);
+    run_helm(&args).unwrap_or_else(|e| panic!("{e}"));
 }

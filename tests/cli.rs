@@ -206,3 +206,174 @@ fn a_dry_run_needs_no_identity_and_logs_to_a_pipe_have_no_colour() {
         .expect("runs gpuscale");
     assert!(text(&out.stderr).contains("leader-election identity"), "{}", text(&out.stderr));
 }
+
+/// How often `needle` occurs in `hay`.
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+/// A file that cannot be read is named once with its cause once: the error types put the OS error
+/// in their message and do not also return it as their `source()`, which `{:#}` would print again.
+#[test]
+fn a_missing_file_names_its_cause_once() {
+    let missing = "/nonexistent/gpuscale-test/missing.yaml";
+    let mut cases = vec![
+        vec!["plan", "--snapshot", missing, "--providers", SIMULATED],
+        vec!["plan", "--snapshot", EXAMPLE, "--providers", missing],
+        vec!["plan", "--config", missing],
+        vec!["simulate", "--nodes", missing, "--pods", missing],
+        vec!["simulate", "--autoscale", "--pods", missing],
+    ];
+    if cfg!(feature = "controller") {
+        cases.push(vec!["run", "--dry-run", "--providers", missing]);
+    }
+    for args in cases {
+        let out = gpuscale(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(count(&err, missing), 1, "{args:?}: the file once: {err}");
+        assert_eq!(count(&err, "No such file or directory"), 1, "{args:?}: the cause once: {err}");
+    }
+}
+
+/// A config error states its position once (serde_yaml's own ` at line L column C` is dropped).
+#[test]
+fn a_bad_config_names_its_position_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuscale.yaml");
+    std::fs::write(&config, "planner:\n  scaleDownUtilisation: 0.3\n").unwrap();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(&providers, "accounts:\n  - name: a\n    provider: simulated\n    bogus: 1\n").unwrap();
+    let syntax = dir.path().join("syntax.yaml");
+    std::fs::write(&syntax, "planner: [1, 2\n").unwrap();
+    for (args, at) in [
+        (vec!["plan", "--config", config.to_str().unwrap()], "gpuscale.yaml:2:3: "),
+        (
+            vec!["plan", "--snapshot", EXAMPLE, "--providers", providers.to_str().unwrap()],
+            "providers.yaml:4:5: ",
+        ),
+        (vec!["plan", "--config", syntax.to_str().unwrap()], "syntax.yaml:2:1: "),
+    ] {
+        let out = gpuscale(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(at), "{args:?}: the position leads: {err}");
+        assert!(!err.contains(" at line 2 column 3") && !err.contains(" at line 4 column 5"), "{err}");
+        assert!(!err.contains(" at line 2 column 1"), "the position once: {err}");
+    }
+}
+
+/// `run` cannot find a cluster: kube's reason is given once.
+#[cfg(feature = "controller")]
+#[test]
+fn no_cluster_is_reported_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["run", "--dry-run", "--providers", SIMULATED])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("RUST_LOG", "error")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs gpuscale");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("finding the Kubernetes API server"), "{err}");
+    assert_eq!(count(&err, "No such file or directory"), 1, "the cause once: {err}");
+}
+
+/// The agent's bind error names the address and the OS error once.
+#[cfg(feature = "agent")]
+#[test]
+fn an_address_in_use_is_reported_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["agent", "--listen", &addr, "--no-annotate"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs gpuscale");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the agent started on an address in use");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(count(&err, &addr), 1, "{err}");
+    assert_eq!(count(&err, "Address already in use"), 1, "the cause once: {err}");
+}
+
+/// Runs gpuscale with stderr on a pseudo-terminal and returns what it wrote there.
+#[cfg(all(unix, feature = "controller"))]
+fn stderr_on_a_terminal(args: &[&str], no_color: Option<&str>) -> String {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut controller, mut terminal) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors, which are owned here from then on.
+    let rc = unsafe {
+        libc::openpty(
+            &mut controller,
+            &mut terminal,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened by openpty and nothing else owns them.
+    let (controller, terminal) =
+        unsafe { (OwnedFd::from_raw_fd(controller), OwnedFd::from_raw_fd(terminal)) };
+    let mut reader = std::fs::File::from(controller);
+    let collect = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Reading the controller side ends with EIO once no process holds the terminal side.
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    });
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuscale"));
+    cmd.args(args)
+        .env_remove("NO_COLOR")
+        .env_remove("HOSTNAME")
+        .env_remove("POD_NAME")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("RUST_LOG", "trace")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(terminal));
+    if let Some(v) = no_color {
+        cmd.env("NO_COLOR", v);
+    }
+    let status = cmd.status().expect("runs gpuscale");
+    drop(cmd);
+    assert!(!status.success(), "no cluster here");
+    String::from_utf8_lossy(&collect.join().unwrap()).into_owned()
+}
+
+/// Log lines are coloured for a person at a terminal, and not with `NO_COLOR` set (no-color.org:
+/// any non-empty value); with stderr on a pipe they never are (the dry-run test above).
+#[cfg(all(unix, feature = "controller"))]
+#[test]
+fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+    let args = ["run", "--dry-run", "--providers", SIMULATED];
+    let plain = stderr_on_a_terminal(&args, None);
+    assert!(plain.contains("kube_client"), "a log line to check: {plain}");
+    assert!(plain.contains("\x1b["), "a terminal gets colour: {plain:?}");
+    let no_color = stderr_on_a_terminal(&args, Some("1"));
+    assert!(no_color.contains("kube_client"), "a log line to check: {no_color}");
+    assert!(!no_color.contains('\x1b'), "NO_COLOR=1 turns colour off: {no_color:?}");
+    // An empty NO_COLOR is as good as unset.
+    assert!(stderr_on_a_terminal(&args, Some("")).contains("\x1b["));
+}

@@ -32,22 +32,20 @@ pub struct AgentOptions {
 #[derive(Debug, Error)]
 pub enum AgentError {
     /// The metrics address cannot be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {cause}")]
     Bind {
         /// The address.
         addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// The HTTP server failed.
-    #[error("metrics server on {addr}: {source}")]
+    #[error("metrics server on {addr}: {cause}")]
     Serve {
         /// The address.
         addr: SocketAddr,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
 }
 
@@ -68,8 +66,8 @@ pub async fn run(
     let metrics = Arc::new(AgentMetrics::new());
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
-        .map_err(|source| AgentError::Bind { addr: options.listen, source })?;
-    let addr = listener.local_addr().map_err(|source| AgentError::Bind { addr: options.listen, source })?;
+        .map_err(|cause| AgentError::Bind { addr: options.listen, cause })?;
+    let addr = listener.local_addr().map_err(|cause| AgentError::Bind { addr: options.listen, cause })?;
     tracing::info!(%addr, interval = ?options.interval, node = ?options.node_name, "gpuscale agent serving /metrics and /healthz");
     if let Some(tx) = bound {
         let _ = tx.send(addr);
@@ -167,7 +165,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     match server.await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(AgentError::Serve { addr, source }),
-        Err(join) => Err(AgentError::Serve { addr, source: std::io::Error::other(join.to_string()) }),
+        Ok(Err(cause)) => Err(AgentError::Serve { addr, cause }),
+        Err(join) => Err(AgentError::Serve { addr, cause: std::io::Error::other(join.to_string()) }),
     }
 }

@@ -66,9 +66,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
-        let kube_config = kube::Config::infer()
-            .await
-            .context("finding the Kubernetes API server (in-cluster or kubeconfig)")?;
+        // kube's message already holds its causes, which its `source()` chain would repeat.
+        let kube_config = kube::Config::infer().await.map_err(|e| {
+            anyhow::anyhow!("finding the Kubernetes API server (in-cluster or kubeconfig): {e}")
+        })?;
         let client = gpuscale::controller::client(kube_config).context("building the Kubernetes client")?;
         let set = ProviderSet::connect(&providers).await?;
         let options = ControllerOptions {

@@ -16,15 +16,14 @@ use thiserror::Error;
 
 /// An API call of the controller failed.
 #[derive(Debug, Error)]
-#[error("{op} {object}: {source}")]
+#[error("{op} {object}: {cause}")]
 pub struct ApiError {
     /// The operation, e.g. `evict`.
     pub op: &'static str,
     /// `Node n1`, `Pod ns/name`.
     pub object: String,
-    /// Cause.
-    #[source]
-    pub source: kube::Error,
+    /// Cause (in the message, so not also a `source()`).
+    pub cause: kube::Error,
 }
 
 fn status_code(e: &kube::Error) -> Option<u16> {
@@ -68,7 +67,7 @@ impl KubeActuator {
         change: impl Fn(&mut Node) -> bool,
     ) -> Result<bool, ApiError> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let err = |source| ApiError { op, object: format!("Node {name}"), source };
+        let err = |cause| ApiError { op, object: format!("Node {name}"), cause };
         for attempt in 0.. {
             let Some(mut node) = api.get_opt(name).await.map_err(err)? else { return Ok(false) };
             if !change(&mut node) {
@@ -192,7 +191,7 @@ impl KubeActuator {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message.clone())),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
-            Err(source) => Err(ApiError { op: "evict", object: format!("Pod {namespace}/{name}"), source }),
+            Err(cause) => Err(ApiError { op: "evict", object: format!("Pod {namespace}/{name}"), cause }),
         }
     }
 
@@ -202,7 +201,7 @@ impl KubeActuator {
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == Some(404) => Ok(()),
-            Err(source) => Err(ApiError { op: "delete", object: format!("Node {name}"), source }),
+            Err(cause) => Err(ApiError { op: "delete", object: format!("Node {name}"), cause }),
         }
     }
 }

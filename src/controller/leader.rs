@@ -95,13 +95,13 @@ mod adapter {
 
     /// A Lease call failed for another reason than losing a race.
     #[derive(Debug, Error)]
-    #[error("Lease {namespace}/{name}: {op} failed: {source}")]
+    #[error("Lease {namespace}/{name}: {op} failed: {cause}")]
     pub struct LeaderError {
         namespace: String,
         name: String,
         op: &'static str,
-        #[source]
-        source: kube::Error,
+        /// In the message, so not also a `source()`.
+        cause: kube::Error,
     }
 
     /// Reads and writes one Lease for one identity.
@@ -147,8 +147,8 @@ mod adapter {
             }
         }
 
-        fn err(&self, op: &'static str, source: kube::Error) -> LeaderError {
-            LeaderError { namespace: self.namespace.clone(), name: self.name.clone(), op, source }
+        fn err(&self, op: &'static str, cause: kube::Error) -> LeaderError {
+            LeaderError { namespace: self.namespace.clone(), name: self.name.clone(), op, cause }
         }
 
         fn spec(&self, now: Timestamp, acquire: Option<Timestamp>, transitions: i32) -> LeaseSpec {

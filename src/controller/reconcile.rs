@@ -54,7 +54,7 @@ pub enum ControllerError {
     Api(#[from] ApiError),
     /// The stored objects could not be converted.
     #[error("converting the cluster state: {0}")]
-    Snapshot(#[from] SnapshotError),
+    Snapshot(SnapshotError),
     /// The API server does not serve a resource the loop needs (an older Kubernetes).
     #[error("the API server does not serve {what}; gpuscale needs Kubernetes 1.25 or newer (the chart's kubeVersion)")]
     NotServed {
@@ -72,6 +72,14 @@ pub enum ControllerError {
         /// The server's message.
         message: String,
     },
+}
+
+/// By hand rather than `#[from]`, which would also make the error the `source()` of a message
+/// that already holds it (reports would print it twice).
+impl From<SnapshotError> for ControllerError {
+    fn from(e: SnapshotError) -> Self {
+        ControllerError::Snapshot(e)
+    }
 }
 
 /// How often a refusal is asked again (2 s apart) before it stops the controller.

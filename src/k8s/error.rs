@@ -9,13 +9,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum SnapshotError {
     /// The file or directory could not be read.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The path.
         path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// The input is not text within the limits (binary, too large, nested too deep).
     #[error("{origin}: {reason}")]

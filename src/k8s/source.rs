@@ -43,7 +43,7 @@ pub fn read_path_with(
         return parse_text(Path::new(STDIN), &text);
     }
     let meta =
-        std::fs::metadata(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+        std::fs::metadata(path).map_err(|cause| SnapshotError::Io { path: path.to_path_buf(), cause })?;
     if !meta.is_dir() {
         let text = read_file(path, limits)?;
         return parse_text(path, &text);
@@ -98,7 +98,7 @@ const STDIN: &str = "<stdin>";
 
 fn read_file(path: &Path, limits: InputLimits) -> Result<String, SnapshotError> {
     let file =
-        std::fs::File::open(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+        std::fs::File::open(path).map_err(|cause| SnapshotError::Io { path: path.to_path_buf(), cause })?;
     read_text(file, limits)
         .map_err(|reason| SnapshotError::Text { origin: path.display().to_string(), reason })
 }
@@ -108,7 +108,7 @@ fn collect_files(
     out: &mut Vec<PathBuf>,
     warnings: &mut Vec<String>,
 ) -> Result<(), SnapshotError> {
-    let io = |source| SnapshotError::Io { path: dir.to_path_buf(), source };
+    let io = |cause| SnapshotError::Io { path: dir.to_path_buf(), cause };
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let path = entry.path();

@@ -380,13 +380,12 @@ pub enum ConfigError {
     #[error("no provider config files given")]
     NoFiles,
     /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read: {cause}")]
     Io {
         /// File.
         file: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
+        /// Cause (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// The file is not text within the limits (binary, too large, nested too deep).
     #[error("{file}: {reason}")]
@@ -397,7 +396,7 @@ pub enum ConfigError {
         reason: crate::textfile::TextError,
     },
     /// Malformed YAML or a value of the wrong shape.
-    #[error("{file}:{line}:{column}: {message}")]
+    #[error("{}: {message}", at(.file, *.line, *.column))]
     Yaml {
         /// File.
         file: PathBuf,
@@ -450,7 +449,7 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ProviderConfig, ConfigE
     for p in paths {
         for path in config_files(p.as_ref())? {
             let file = std::fs::File::open(&path)
-                .map_err(|source| ConfigError::Io { file: path.clone(), source })?;
+                .map_err(|cause| ConfigError::Io { file: path.clone(), cause })?;
             let limits = crate::textfile::InputLimits { max_bytes: MAX_CONFIG_BYTES, ..Default::default() };
             let text = crate::textfile::read_text(file, limits)
                 .map_err(|reason| ConfigError::Text { file: path.clone(), reason })?;
@@ -465,7 +464,7 @@ const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// A config path as files: a file, or a folder's `*.yaml`/`*.yml` files in name order.
 fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let io = |source| ConfigError::Io { file: path.to_path_buf(), source };
+    let io = |cause| ConfigError::Io { file: path.to_path_buf(), cause };
     if !std::fs::metadata(path).map_err(io)?.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -528,11 +527,27 @@ fn collapse(mut errors: Vec<ConfigError>) -> ConfigError {
     }
 }
 
-fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
-    let yaml_err = |e: serde_yaml::Error| {
+/// `file:line:column`, or the file alone when the position is unknown (0).
+fn at(file: &Path, line: usize, column: usize) -> String {
+    if line == 0 {
+        file.display().to_string()
+    } else {
+        format!("{}:{line}:{column}", file.display())
+    }
+}
+
+impl ConfigError {
+    /// A YAML error of `file`: the position leads the message once (serde_yaml also appends
+    /// ` at line L column C`, which would repeat it).
+    pub fn yaml(file: &Path, e: &serde_yaml::Error) -> Self {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-        ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
-    };
+        let message = e.to_string().replacen(&format!(" at line {line} column {column}"), "", 1);
+        ConfigError::Yaml { file: file.to_path_buf(), line, column, message }
+    }
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
+    let yaml_err = |e: serde_yaml::Error| ConfigError::yaml(path, &e);
     // First as a generic value: syntax errors with positions, and empty files (comments only).
     let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
     if value.is_null() {

@@ -83,13 +83,12 @@ pub enum ProviderError {
         feature: &'static str,
     },
     /// Any other API failure.
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed: {cause}")]
     Api {
         /// The operation, e.g. `SetDesiredCapacity`.
         op: &'static str,
-        /// Cause.
-        #[source]
-        source: BoxError,
+        /// Cause (in the message, so not also a `source()`).
+        cause: BoxError,
         /// Whether retrying may help (5xx, timeouts).
         retryable: bool,
     },

@@ -437,7 +437,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         if let Some(b) = s.backoff.get(group).filter(|b| b.until > now) {
             return Some(ProviderError::Api {
                 op: "SetTargetSize",
-                source: Box::new(BackingOff {
+                cause: Box::new(BackingOff {
                     group: group.to_string(),
                     until: b.until,
                     failures: b.failures,
@@ -566,7 +566,7 @@ mod tests {
     }
 
     fn server_error() -> ProviderError {
-        ProviderError::Api { op: "SetDesiredCapacity", source: "HTTP 503".into(), retryable: true }
+        ProviderError::Api { op: "SetDesiredCapacity", cause: "HTTP 503".into(), retryable: true }
     }
 
     fn config(max_attempts: u32) -> PolitenessConfig {
@@ -694,8 +694,8 @@ mod tests {
         assert_eq!(p.group_backoff("acct/gpu").unwrap().failures, 1);
         // Scale-up refused while backing off; scale-down still allowed.
         let err = p.set_target_size("acct/gpu", 2).await.unwrap_err();
-        let ProviderError::Api { source, .. } = &err else { panic!("{err}") };
-        assert!(source.downcast_ref::<BackingOff>().is_some());
+        let ProviderError::Api { cause, .. } = &err else { panic!("{err}") };
+        assert!(cause.downcast_ref::<BackingOff>().is_some());
         p.set_target_size("acct/gpu", 0).await.unwrap();
 
         tokio::time::advance(Duration::from_secs(61)).await;

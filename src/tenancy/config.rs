@@ -353,10 +353,7 @@ impl TenancyConfig {
     /// Parses and validates a `tenancy:` section on its own (or a whole config file's
     /// `tenancy:` key when the text has one); `path` names the source in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let yaml_err = |e: serde_yaml::Error| {
-            let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-            ConfigError::Yaml { file: path.to_path_buf(), line, column, message: e.to_string() }
-        };
+        let yaml_err = |e: serde_yaml::Error| ConfigError::yaml(path, &e);
         let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
         if let Some(inner) = value.get("tenancy") {
             value = inner.clone();

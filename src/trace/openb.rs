@@ -10,13 +10,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum TraceError {
     /// The file could not be read.
-    #[error("{path}: cannot read: {source}")]
+    #[error("{path}: cannot read: {cause}")]
     Io {
         /// File.
         path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
+        /// Cause (in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// A required column is missing from the header.
     #[error("{path}: line 1: missing column {column:?} (header has: {header})")]
@@ -117,8 +116,7 @@ struct Row<'a> {
 
 impl Rows {
     fn open(path: &Path, required: &[&'static str]) -> Result<Self, TraceError> {
-        let file =
-            std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.into(), source })?;
+        let file = std::fs::File::open(path).map_err(|cause| TraceError::Io { path: path.into(), cause })?;
         let mut reader = csv::ReaderBuilder::new().flexible(false).trim(csv::Trim::All).from_reader(file);
         let header = reader
             .headers()

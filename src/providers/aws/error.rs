@@ -123,7 +123,7 @@ pub fn classify(
         let retryable = is(RETRYABLE)
             || (500..600).contains(&status)
             || matches!(transport, Transport::Timeout | Transport::Dispatch);
-        ProviderError::Api { op: error.op, source: Box::new(error), retryable }
+        ProviderError::Api { op: error.op, cause: Box::new(error), retryable }
     }
 }
 

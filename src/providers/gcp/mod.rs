@@ -181,7 +181,7 @@ fn api_source<E: std::error::Error + Send + Sync + 'static>(
     e: E,
     retryable: bool,
 ) -> ProviderError {
-    ProviderError::Api { op, source: Box::new(e) as BoxError, retryable }
+    ProviderError::Api { op, cause: Box::new(e) as BoxError, retryable }
 }
 
 fn invalid(e: GcpError, op: &'static str) -> ProviderError {
