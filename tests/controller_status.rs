@@ -210,7 +210,7 @@ async fn acted_plan_records_events_and_applies_status_configmaps() {
     assert!(text(&all, "summary").contains("SCALE-UP"));
     let doc: serde_yaml::Value =
         serde_yaml::from_str(text(&all, "status.yaml")).expect("status.yaml is YAML");
-    assert_eq!(doc["plan"]["scale_ups"][0]["group"].as_str(), Some(H100));
+    assert_eq!(doc["plan"]["scaleUps"][0]["group"].as_str(), Some(H100));
     assert_eq!(doc["plan"]["unschedulable"][0]["pod"].as_str(), Some("ml/huge"));
     assert_eq!(doc["nodeGroups"][1]["configMap"].as_str(), Some("gpuscale-status-l4-spot"));
     assert_eq!(doc["dryRun"].as_bool(), Some(false));

@@ -483,7 +483,7 @@ fn unknown_keys_are_rejected_with_their_path() {
         "nodeGroups[0]",
         "maxSzie",
     );
-    assert!(msg.contains("line"), "{msg}");
+    assert!(msg.contains("test.yaml:10:9:"), "the position leads the message: {msg}");
     expect_error(
         "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    rateLimit: {rps: 3}\n",
         "rateLimit",

@@ -448,8 +448,8 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ProviderConfig, ConfigE
     let mut files = Vec::new();
     for p in paths {
         for path in config_files(p.as_ref())? {
-            let file = std::fs::File::open(&path)
-                .map_err(|cause| ConfigError::Io { file: path.clone(), cause })?;
+            let file =
+                std::fs::File::open(&path).map_err(|cause| ConfigError::Io { file: path.clone(), cause })?;
             let limits = crate::textfile::InputLimits { max_bytes: MAX_CONFIG_BYTES, ..Default::default() };
             let text = crate::textfile::read_text(file, limits)
                 .map_err(|reason| ConfigError::Text { file: path.clone(), reason })?;
