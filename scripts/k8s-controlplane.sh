@@ -43,7 +43,14 @@ minor="${minor%%.*}"
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
-(cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" \
+# Go's build cache for Kubernetes is ~4 GB and useless once the binaries are cached here, so the
+# build uses its own cache and removes it (set GOCACHE to keep a shared one).
+gocache="${GOCACHE:-}"
+if [[ -z "$gocache" ]]; then
+    gocache="$dest.gocache"
+    trap 'rm -rf "$gocache"' EXIT
+fi
+(cd "$module" && GOCACHE="$gocache" CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" \
     -o "$dest.partial/" ./cmd/...) || die "go build failed (see above)"
 for b in "${binaries[@]}"; do [[ -x "$dest.partial/$b" ]] || die "the build left no $b"; done
 rm -rf "$dest"

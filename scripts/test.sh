@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A one-shot run gains nothing from incremental caches (gigabytes across the test binaries).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+df -h . >&2 || true
 
 # Python's venv module is needed to install moto; Debian ships it separately.
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

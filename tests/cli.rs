@@ -180,16 +180,7 @@ fn simulate_rejects_a_bad_trace_row_with_file_line_and_field() {
 #[cfg(feature = "controller")]
 #[test]
 fn a_dry_run_needs_no_identity_and_logs_to_a_pipe_have_no_colour() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["run", "--dry-run", "--providers", "examples/providers/simulated.yaml"])
-        .env_remove("HOSTNAME")
-        .env_remove("POD_NAME")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env("RUST_LOG", "trace")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("runs gpuscale");
+    let out = run_with_no_cluster(&["--dry-run"], "trace");
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "no cluster here: {stderr}");
     assert!(!stderr.contains("leader-election identity"), "{stderr}");
@@ -197,14 +188,25 @@ fn a_dry_run_needs_no_identity_and_logs_to_a_pipe_have_no_colour() {
     assert!(stderr.contains("TRACE kube_client"), "a log line to check: {stderr}");
     assert!(!stderr.contains('\x1b'), "colour codes in piped logs: {stderr:?}");
     // Without --dry-run the identity is still required.
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["run", "--providers", "examples/providers/simulated.yaml"])
+    let out = run_with_no_cluster(&[], "info");
+    assert!(text(&out.stderr).contains("leader-election identity"), "{}", text(&out.stderr));
+}
+
+/// `gpuscale run` on the simulated account with `extra` flags, where there is no cluster (no
+/// in-cluster service, a kubeconfig that does not exist) and no identity in the environment.
+#[cfg(feature = "controller")]
+fn run_with_no_cluster(extra: &[&str], rust_log: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuscale"))
+        .args(["run", "--providers", SIMULATED])
+        .args(extra)
         .env_remove("HOSTNAME")
         .env_remove("POD_NAME")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("RUST_LOG", rust_log)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .expect("runs gpuscale");
-    assert!(text(&out.stderr).contains("leader-election identity"), "{}", text(&out.stderr));
+        .expect("runs gpuscale")
 }
 
 /// How often `needle` occurs in `hay`.
@@ -267,14 +269,7 @@ fn a_bad_config_names_its_position_once() {
 #[cfg(feature = "controller")]
 #[test]
 fn no_cluster_is_reported_once() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
-        .args(["run", "--dry-run", "--providers", SIMULATED])
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env("RUST_LOG", "error")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("runs gpuscale");
+    let out = run_with_no_cluster(&["--dry-run"], "error");
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("finding the Kubernetes API server"), "{err}");

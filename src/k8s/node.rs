@@ -27,11 +27,11 @@ const DELETION_TAINTS: &[&str] = &["ToBeDeletedByClusterAutoscaler", "karpenter.
 
 const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
 
-/// GKE's GPU sharing labels, set on the nodes of a node pool created with GPU sharing.
-const GKE_SHARING_STRATEGY: &str = "cloud.google.com/gke-gpu-sharing-strategy";
-const GKE_MAX_SHARED_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per-gpu";
-const GKE_PARTITION_SIZE: &str = "cloud.google.com/gke-gpu-partition-size";
-const GKE_ACCELERATOR_COUNT: &str = "cloud.google.com/gke-accelerator-count";
+use crate::model::{
+    GKE_ACCELERATOR_COUNT_LABEL as GKE_ACCELERATOR_COUNT,
+    GKE_MAX_SHARED_CLIENTS_LABEL as GKE_MAX_SHARED_CLIENTS, GKE_PARTITION_SIZE_LABEL as GKE_PARTITION_SIZE,
+    GKE_SHARING_STRATEGY_LABEL as GKE_SHARING_STRATEGY,
+};
 
 /// Most time-slicing replicas (or GKE shared clients) one GPU may be advertised as. NVIDIA's
 /// device plugin and GKE document far smaller numbers (GKE: 48); above this a label is an error,
@@ -358,13 +358,13 @@ fn node_gpus(
     warnings: &mut Vec<String>,
 ) -> Result<NodeGpus, SnapshotError> {
     let gke = GkeSharing::read(ctx, labels)?;
-    let replicas: u32 = match gke.clients {
-        Some(clients) => clients,
-        None => label_num(ctx, labels, "nvidia.com/gpu.replicas")?.unwrap_or(1),
+    let (replicas, replicas_label): (u32, &str) = match gke.clients {
+        Some(clients) => (clients, GKE_MAX_SHARED_CLIENTS),
+        None => (label_num(ctx, labels, "nvidia.com/gpu.replicas")?.unwrap_or(1), "nvidia.com/gpu.replicas"),
     };
     if replicas > MAX_GPU_REPLICAS {
         return Err(ctx.invalid(
-            "metadata.labels[nvidia.com/gpu.replicas]",
+            format!("metadata.labels[{replicas_label}]"),
             replicas.to_string(),
             format!("more than {MAX_GPU_REPLICAS} replicas per GPU"),
         ));
@@ -443,12 +443,8 @@ fn node_gpus(
         }
         Ok(n)
     };
-    if let Some(n) = physical_count.filter(|&n| n > MAX_GPUS_PER_NODE) {
-        return Err(ctx.invalid(
-            "metadata.labels[nvidia.com/gpu.count]",
-            n.to_string(),
-            format!("more than {MAX_GPUS_PER_NODE} GPUs on one node"),
-        ));
+    if let Some(n) = physical_count {
+        too_many_gpus(ctx, "metadata.labels[nvidia.com/gpu.count]", n, n)?;
     }
     let whole = capped("nvidia.com/gpu", max_slots, "GPUs or GPU replicas")?;
     let shared = capped("nvidia.com/gpu.shared", max_slots, "GPU replicas")?;

@@ -79,7 +79,8 @@ fn container_requests(
     }
     // The API server refuses a request without an equal limit for resources that cannot be
     // overcommitted (extended resources such as GPUs, and huge pages): such a pod never exists.
-    let limits = res.limits.clone().unwrap_or_default();
+    let no_limits = BTreeMap::new();
+    let limits = res.limits.as_ref().unwrap_or(&no_limits);
     for (name, q) in requests.iter().filter(|(n, _)| is_extended(n) || n.starts_with("hugepages-")) {
         let field = format!("{prefix}.resources.requests.{name}");
         match limits.get(name) {
@@ -100,7 +101,7 @@ fn container_requests(
             Some(_) => {}
         }
     }
-    for (name, q) in &limits {
+    for (name, q) in limits {
         if !requests.contains_key(name) {
             let field = format!("{prefix}.resources.limits.{name}");
             out.insert(name.clone(), parse_resource(ctx, &field, name, q)?);

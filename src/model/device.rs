@@ -78,9 +78,7 @@ impl GpuDevice {
             GpuMode::Standard => GPU_MILLI - self.used_milli.min(GPU_MILLI),
             GpuMode::Mig { instances, dynamic } => {
                 let Some(g) = geometry else { return 0 };
-                let slice = |i: &MigInstance| {
-                    g.profile(&i.placement.profile).map_or(0, |p| u32::from(p.memory_slices))
-                };
+                let slice = |i: &MigInstance| memory_slices(g, i);
                 let mut free: u32 = instances.iter().filter(|i| !i.used).map(slice).sum();
                 if *dynamic {
                     let configured: u32 = instances.iter().map(slice).sum();
@@ -102,9 +100,7 @@ impl GpuDevice {
             GpuMode::Standard => self.used_milli.min(GPU_MILLI),
             GpuMode::Mig { instances, dynamic } => {
                 let Some(g) = geometry else { return 0 };
-                let slices = |i: &MigInstance| {
-                    g.profile(&i.placement.profile).map_or(0, |p| u32::from(p.memory_slices))
-                };
+                let slices = |i: &MigInstance| memory_slices(g, i);
                 let used: u32 = instances.iter().filter(|i| i.used).map(slices).sum();
                 let whole =
                     if *dynamic { u32::from(g.memory_slices) } else { instances.iter().map(slices).sum() };
@@ -133,6 +129,11 @@ impl GpuDevice {
             // A memory-only share still needs a GPU that is not held whole.
             && self.used_milli < GPU_MILLI
     }
+}
+
+/// Memory slices a MIG instance occupies (0 for a profile the geometry does not have).
+fn memory_slices(g: &MigGeometry, i: &MigInstance) -> u32 {
+    g.profile(&i.placement.profile).map_or(0, |p| u32::from(p.memory_slices))
 }
 
 /// Which devices of a node a placed workload holds.

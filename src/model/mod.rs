@@ -19,7 +19,10 @@ pub use catalog::{vgpu_profile, GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
 pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
-pub use node::{GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect, HOSTNAME_LABEL};
+pub use node::{
+    GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect, GKE_ACCELERATOR_COUNT_LABEL,
+    GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL, GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,
+};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;
 pub use telemetry::{

@@ -86,6 +86,17 @@ impl GpuTopology {
 /// The label every node carries with its own name (the `kubernetes.io/hostname` topology).
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
+/// GKE's labels on the nodes of a GPU node pool created with GPU sharing: the strategy
+/// (`time-sharing`, `mps`), clients per GPU, the MIG partition size (partitions are then
+/// advertised as `nvidia.com/gpu`), and the GPUs per node.
+pub const GKE_SHARING_STRATEGY_LABEL: &str = "cloud.google.com/gke-gpu-sharing-strategy";
+/// See [`GKE_SHARING_STRATEGY_LABEL`].
+pub const GKE_MAX_SHARED_CLIENTS_LABEL: &str = "cloud.google.com/gke-max-shared-clients-per-gpu";
+/// See [`GKE_SHARING_STRATEGY_LABEL`].
+pub const GKE_PARTITION_SIZE_LABEL: &str = "cloud.google.com/gke-gpu-partition-size";
+/// See [`GKE_SHARING_STRATEGY_LABEL`].
+pub const GKE_ACCELERATOR_COUNT_LABEL: &str = "cloud.google.com/gke-accelerator-count";
+
 /// A schedulable node (or a node that a scale-up would create).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Node {

@@ -690,18 +690,22 @@ pub fn template_node(
 /// select to land on shared GPUs: time-sharing clients per GPU, or the size of uniform MIG
 /// partitions (GKE supports one partition size per pool).
 fn gke_sharing_labels(mode: &GpuMode, gpus: u32, l: &mut BTreeMap<String, String>) {
-    l.insert("cloud.google.com/gke-accelerator-count".into(), gpus.to_string());
+    use crate::model::{
+        GKE_ACCELERATOR_COUNT_LABEL, GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL,
+        GKE_SHARING_STRATEGY_LABEL,
+    };
+    l.insert(GKE_ACCELERATOR_COUNT_LABEL.into(), gpus.to_string());
     match mode {
         GpuMode::Standard => {}
         GpuMode::TimeSliced { replicas } => {
-            l.insert("cloud.google.com/gke-gpu-sharing-strategy".into(), "time-sharing".into());
-            l.insert("cloud.google.com/gke-max-shared-clients-per-gpu".into(), replicas.to_string());
+            l.insert(GKE_SHARING_STRATEGY_LABEL.into(), "time-sharing".into());
+            l.insert(GKE_MAX_SHARED_CLIENTS_LABEL.into(), replicas.to_string());
         }
         GpuMode::Mig { instances, .. } => {
             let mut profiles = instances.iter().map(|i| i.placement.profile.as_str());
             if let Some(first) = profiles.next() {
                 if profiles.all(|p| p == first) {
-                    l.insert("cloud.google.com/gke-gpu-partition-size".into(), first.to_string());
+                    l.insert(GKE_PARTITION_SIZE_LABEL.into(), first.to_string());
                 }
             }
         }

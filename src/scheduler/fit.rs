@@ -218,7 +218,7 @@ pub fn replay(node: &Node, gpu: &GpuDemand) -> Result<DeviceAssignment, Unfit> {
 fn single_strategy_profile(node: &Node) -> Option<String> {
     // GKE's MIG node pools (`gke-gpu-partition-size`) advertise partitions as `nvidia.com/gpu`.
     if node.labels.get("nvidia.com/mig.strategy").map(String::as_str) != Some("single")
-        && !node.labels.contains_key("cloud.google.com/gke-gpu-partition-size")
+        && !node.labels.contains_key(crate::model::GKE_PARTITION_SIZE_LABEL)
     {
         return None;
     }
