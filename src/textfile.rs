@@ -59,23 +59,31 @@ pub enum TextError {
 const CHUNK: usize = 64 * 1024;
 
 /// Reads all of `reader` as text within `limits`.
-pub fn read_text(mut reader: impl Read, limits: InputLimits) -> Result<String, TextError> {
-    let mut bytes: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; CHUNK];
+pub fn read_text(reader: impl Read, limits: InputLimits) -> Result<String, TextError> {
+    read_text_sized(reader, limits, 0)
+}
+
+/// [`read_text`] of an input about `size_hint` bytes long (a file's length): the buffer is
+/// allocated once instead of growing through copies.
+pub fn read_text_sized(
+    mut reader: impl Read,
+    limits: InputLimits,
+    size_hint: u64,
+) -> Result<String, TextError> {
+    let mut bytes: Vec<u8> = Vec::with_capacity(size_hint.min(limits.max_bytes) as usize + 1);
     let mut utf16 = None;
     let mut checked = 0usize;
     let mut depth = DepthScanner::default();
     loop {
-        let n = match reader.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if bytes.len() as u64 + n as u64 > limits.max_bytes {
+        // Straight into the buffer (no zeroing, no copy), a chunk at a time.
+        let before = bytes.len();
+        (&mut reader).take(CHUNK as u64).read_to_end(&mut bytes)?;
+        if bytes.len() == before {
+            break;
+        }
+        if bytes.len() as u64 > limits.max_bytes {
             return Err(TextError::TooLarge { limit: limits.max_bytes });
         }
-        bytes.extend_from_slice(&chunk[..n]);
         if utf16.is_none() && bytes.len() >= 2 {
             utf16 = Some(match bytes[..2] {
                 [0xFF, 0xFE] => Some(Utf16::Little),
@@ -97,7 +105,7 @@ pub fn read_text(mut reader: impl Read, limits: InputLimits) -> Result<String, T
             if let Some(i) = memchr_nul(text) {
                 return Err(TextError::Binary { reason: format!("NUL byte at byte {}", checked + i) });
             }
-            depth.feed(text, limits.max_depth)?;
+            depth.feed(text, limits.max_depth).map_err(|at| too_deep(&bytes, checked + at, limits))?;
             checked = valid;
         }
     }
@@ -107,7 +115,9 @@ pub fn read_text(mut reader: impl Read, limits: InputLimits) -> Result<String, T
             if let Some(i) = text.find('\0') {
                 return Err(TextError::Binary { reason: format!("NUL character at character {i}") });
             }
-            DepthScanner::default().feed(text.as_bytes(), limits.max_depth)?;
+            DepthScanner::default()
+                .feed(text.as_bytes(), limits.max_depth)
+                .map_err(|at| too_deep(text.as_bytes(), at, limits))?;
             Ok(text)
         }
         None => {
@@ -124,7 +134,7 @@ pub fn read_text(mut reader: impl Read, limits: InputLimits) -> Result<String, T
 }
 
 fn memchr_nul(bytes: &[u8]) -> Option<usize> {
-    bytes.iter().position(|&b| b == 0)
+    memchr::memchr(0, bytes)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -146,13 +156,19 @@ fn decode_utf16(bytes: &[u8], order: Utf16) -> Result<String, TextError> {
         .map_err(|e| TextError::Binary { reason: format!("invalid UTF-16: {e}") })
 }
 
+/// The nesting error for the bracket at `offset` of `text`, with its line.
+fn too_deep(text: &[u8], offset: usize, limits: InputLimits) -> TextError {
+    let line = 1 + memchr::memchr_iter(b'\n', &text[..offset]).count();
+    TextError::TooDeep { line, limit: limits.max_depth }
+}
+
 /// Tracks the nesting of `[` and `{` outside quoted strings and comments, over chunks. It is a
 /// guard, not a parser: brackets inside YAML plain scalars count too, which only matters for
 /// inputs with over a hundred of them unclosed.
 #[derive(Debug, Default)]
 struct DepthScanner {
     depth: usize,
-    line: usize,
+    started: bool,
     quote: Option<u8>,
     escaped: bool,
     comment: bool,
@@ -162,28 +178,56 @@ struct DepthScanner {
 }
 
 impl DepthScanner {
-    fn feed(&mut self, bytes: &[u8], limit: usize) -> Result<(), TextError> {
-        if self.line == 0 {
-            self.line = 1;
+    /// Scans the next bytes; `Err(offset)` of the bracket that passes `limit`.
+    fn feed(&mut self, bytes: &[u8], limit: usize) -> Result<(), usize> {
+        if !self.started {
+            self.started = true;
             self.boundary = true;
         }
-        for &b in bytes {
-            if b == b'\n' {
-                self.line += 1;
-                self.comment = false;
-            }
-            if self.comment {
-                continue;
-            }
+        let mut i = 0;
+        while i < bytes.len() {
             if let Some(q) = self.quote {
                 if self.escaped {
                     self.escaped = false;
-                } else if q == b'"' && b == b'\\' {
-                    self.escaped = true;
-                } else if b == q {
-                    self.quote = None;
+                    i += 1;
+                    continue;
+                }
+                // Quoted strings are most of a snapshot: skip to the closing quote or escape.
+                let rest = &bytes[i..];
+                let stop = if q == b'"' { memchr::memchr2(q, b'\\', rest) } else { memchr::memchr(q, rest) };
+                let run = stop.unwrap_or(rest.len());
+                i += run;
+                if stop.is_some() {
+                    if bytes[i] == b'\\' {
+                        self.escaped = true;
+                    } else {
+                        self.quote = None;
+                    }
+                    i += 1;
                 }
                 continue;
+            }
+            if self.comment {
+                match memchr::memchr(b'\n', &bytes[i..]) {
+                    Some(j) => i += j,
+                    None => return Ok(()),
+                }
+            }
+            // Between strings: jump to the next byte that matters (the byte before it says
+            // whether a quote or `#` there starts a string or comment).
+            let skip =
+                bytes[i..].iter().position(|&b| SIGNIFICANT[usize::from(b)]).unwrap_or(bytes.len() - i);
+            if skip > 0 {
+                i += skip;
+                self.boundary = is_boundary(bytes[i - 1]);
+                if i == bytes.len() {
+                    break;
+                }
+            }
+            let b = bytes[i];
+            i += 1;
+            if b == b'\n' {
+                self.comment = false;
             }
             match b {
                 b'"' | b'\'' if self.boundary => self.quote = Some(b),
@@ -191,17 +235,34 @@ impl DepthScanner {
                 b'[' | b'{' => {
                     self.depth += 1;
                     if self.depth > limit {
-                        return Err(TextError::TooDeep { line: self.line, limit });
+                        return Err(i - 1);
                     }
                 }
                 b']' | b'}' => self.depth = self.depth.saturating_sub(1),
                 _ => {}
             }
-            self.boundary = matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b':' | b',' | b'[' | b'{' | b'-');
+            self.boundary = is_boundary(b);
         }
         Ok(())
     }
 }
+
+/// Whether a quote or `#` after this byte starts a string or a comment.
+fn is_boundary(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b':' | b',' | b'[' | b'{' | b'-')
+}
+
+/// The bytes [`DepthScanner`] acts on outside strings and comments.
+const SIGNIFICANT: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut k = 0;
+    let bytes = *b"\"'#[]{}\n";
+    while k < bytes.len() {
+        t[bytes[k] as usize] = true;
+        k += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
@@ -245,6 +306,13 @@ mod tests {
             read_text(brackets, InputLimits::default()),
             Err(TextError::TooDeep { line: 1, .. })
         ));
+        // The line is the bracket's, counting lines inside quoted strings and comments.
+        let late = format!("a: 'x\ny'\n# c\nb: \"\\\n\"\n{}", "[".repeat(200));
+        assert!(
+            matches!(read(late.as_bytes()), Err(TextError::TooDeep { line: 6, limit: 128 })),
+            "{:?}",
+            read(late.as_bytes())
+        );
         let deep = format!("{}{}", "[".repeat(128), "]".repeat(128));
         assert!(read(deep.as_bytes()).is_ok());
         // Brackets in strings and comments do not count; a quote inside a word opens nothing.

@@ -3,6 +3,7 @@
 #[cfg(feature = "agent")]
 mod agent;
 mod autoscale;
+mod generate;
 mod plan;
 mod plot;
 #[cfg(feature = "controller")]
@@ -40,6 +41,9 @@ enum Command {
     /// Replay a GPU trace through the placement scheduler (the FGD paper's workload-inflation
     /// experiment) and report how much of the cluster each policy allocates.
     Simulate(simulate::SimulateArgs),
+    /// Write a real-shaped `kubectl get nodes,pods -A -o json` snapshot of any size (5,000 GPU
+    /// nodes and 60,000 pods by default) and its provider config, to try `plan` at scale.
+    Generate(generate::GenerateArgs),
     /// Node GPU telemetry agent (a DaemonSet): NVML readings as Prometheus metrics and as the
     /// `gpuscale.io/gpu-telemetry` node annotation the controller reads.
     #[cfg(feature = "agent")]
@@ -71,6 +75,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Simulate(args) => simulate::run(args),
+        Command::Generate(args) => generate::run(args),
         #[cfg(feature = "agent")]
         Command::Agent(args) => agent::run(args),
         #[cfg(feature = "controller")]

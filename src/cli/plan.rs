@@ -168,7 +168,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         settings.scale_down_utilization = u;
     }
     settings.scale_down &= !args.no_scale_down;
+    let start = std::time::Instant::now();
     let mut plan = planner::plan(&input, &settings);
+    tracing::info!(seconds = start.elapsed().as_secs_f32(), "planned");
+    // The process ends after printing: freeing a 60,000-pod cluster object by object would only
+    // delay the exit (a tenth of a second at 5,000 nodes).
+    std::mem::forget(input);
     let mut warnings = loaded.warnings;
     warnings.append(&mut plan.warnings);
     plan.warnings = warnings;

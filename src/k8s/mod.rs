@@ -8,12 +8,15 @@
 //! those nodes (CPU, memory and the GPUs or MIG instances they hold), so the snapshot says what
 //! is free, not just what exists.
 
+mod decode;
 mod error;
 mod instance_types;
+mod json_list;
 mod node;
 mod pod;
 mod policy;
 pub mod quantity;
+mod slim;
 mod source;
 mod validation;
 mod volume;
@@ -26,7 +29,6 @@ pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
 pub use source::{parse_text, read_path, read_path_with, SourcedObject};
 
 use crate::model::{ClusterSnapshot, DeviceAssignment, GpuDemand, Node, GPU_MILLI};
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -51,9 +53,20 @@ pub fn load_snapshot_with(
     path: &Path,
     limits: crate::textfile::InputLimits,
 ) -> Result<LoadedSnapshot, SnapshotError> {
+    let start = std::time::Instant::now();
     let mut warnings = Vec::new();
-    let objects = read_path_with(path, limits, &mut warnings)?;
-    let mut loaded = convert(&objects)?;
+    let mut loaded = match source::read_single(path, limits)? {
+        Some((name, text)) => {
+            let fast = source::is_json(&name, &text)
+                .then(|| json_list::convert(&name.display().to_string(), &text))
+                .flatten();
+            match fast {
+                Some(loaded) => loaded?,
+                None => convert(&parse_text(&name, &text)?)?,
+            }
+        }
+        None => convert(&read_path_with(path, limits, &mut warnings)?)?,
+    };
     warnings.append(&mut loaded.warnings);
     loaded.warnings = warnings;
     for w in &loaded.warnings {
@@ -64,6 +77,7 @@ pub fn load_snapshot_with(
         nodes = loaded.snapshot.nodes.len(),
         workloads = loaded.snapshot.workloads.len(),
         budgets = loaded.snapshot.disruption_budgets.len(),
+        seconds = start.elapsed().as_secs_f32(),
         "loaded snapshot from {}",
         path.display()
     );
@@ -89,49 +103,32 @@ fn preview(value: &Value) -> String {
     }
 }
 
-fn decode<T: DeserializeOwned>(obj: &SourcedObject) -> Result<T, SnapshotError> {
-    serde_path_to_error::deserialize(&obj.value).map_err(|e| SnapshotError::Decode {
-        origin: obj.origin.clone(),
-        object: describe(&obj.value),
-        field: e.path().to_string(),
-        message: e.inner().to_string(),
-    })
-}
-
 /// Converts parsed objects into a snapshot: Nodes, Pods (Pending and Running), PDBs, and
 /// PodGroups (for gang sizes); other kinds are skipped with a warning. Pure: the same objects
 /// always give the same snapshot.
 pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotError> {
+    convert_decoded(decode::decode_all(objects)?)
+}
+
+/// [`convert`] of decoded objects: nodes, then the pods on them.
+fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnapshot, SnapshotError> {
+    use decode::Decoded;
     let mut warnings = Vec::new();
     let mut nodes = Vec::new();
     let mut pods = Vec::new();
     let mut pdbs = Vec::new();
-    let mut pod_groups = BTreeMap::new();
     let mut storage = volume::Storage::default();
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
-    for obj in objects {
-        let api_version = obj.value["apiVersion"].as_str().unwrap_or_default();
-        let kind = obj.value["kind"].as_str().unwrap_or_default();
-        match (api_version, kind) {
-            ("v1", "Node") => nodes.push((obj, decode::<k8s_openapi::api::core::v1::Node>(obj)?)),
-            ("v1", "Pod") => pods.push((obj, decode::<k8s_openapi::api::core::v1::Pod>(obj)?)),
-            ("policy/v1", "PodDisruptionBudget") => {
-                pdbs.push((obj, decode::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj)?))
-            }
-            ("v1", "PersistentVolumeClaim") => storage.add_claim(decode(obj)?),
-            ("v1", "PersistentVolume") => storage.add_volume(&obj.origin, decode(obj)?),
-            ("storage.k8s.io/v1", "StorageClass") => storage.add_class(decode(obj)?),
-            (v, "PodGroup") if POD_GROUP_API_VERSIONS.contains(&v) => {
-                let (id, min) = convert_pod_group(&obj.value, &obj.origin)?;
-                pod_groups.insert(id, min);
-            }
-            (_, "") => {
-                return Err(SnapshotError::NotObjects {
-                    origin: obj.origin.clone(),
-                    reason: format!("not a Kubernetes object (no kind): {}", preview(&obj.value)),
-                })
-            }
-            (v, k) => *skipped.entry(format!("{k} ({v})")).or_insert(0usize) += 1,
+    for (origin, decoded) in objects {
+        match decoded {
+            Decoded::Node(c) => nodes.push((origin, c)),
+            Decoded::Pod(p) => pods.push((origin, p)),
+            Decoded::Pdb(k) => pdbs.push((origin, k)),
+            Decoded::Claim(k) => storage.add_claim(*k),
+            Decoded::Volume(k) => storage.add_volume(&origin, *k),
+            Decoded::Class(k) => storage.add_class(*k),
+            Decoded::PodGroup => {}
+            Decoded::Skipped(kind) => *skipped.entry(kind).or_insert(0usize) += 1,
         }
     }
     // Kinds the plan does not read (Services, ConfigMaps, a Helm release's objects): one line,
@@ -144,13 +141,12 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
     let mut snapshot = ClusterSnapshot::default();
     let mut extras: Vec<ConvertedNode> = Vec::new();
     let mut by_name: HashMap<String, usize> = HashMap::new();
-    for (obj, k) in &nodes {
-        let c = convert_node(k, &obj.origin, &mut warnings)?;
+    for (origin, converted) in nodes {
+        let (c, mut said) = converted?;
+        warnings.append(&mut said);
         if by_name.contains_key(&c.node.name) {
-            warnings.push(format!(
-                "{}: Node {} appears more than once; keeping the first",
-                obj.origin, c.node.name
-            ));
+            warnings
+                .push(format!("{origin}: Node {} appears more than once; keeping the first", c.node.name));
             continue;
         }
         by_name.insert(c.node.name.clone(), extras.len());
@@ -159,13 +155,15 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
 
     let mut seen = std::collections::HashSet::new();
     let mut converted = Vec::new();
-    storage.note_users(pods.iter().map(|(_, k)| k));
+    storage.note_users(pods.iter().filter_map(|(_, p)| p.with_claims.as_deref()));
     let mut unchecked_claims = 0;
-    for (obj, k) in &pods {
-        let Some(mut p) = convert_pod(k, &obj.origin, &pod_groups, &mut warnings)? else {
+    for (origin, entry) in pods {
+        let (pod, mut said) = entry.converted?;
+        warnings.append(&mut said);
+        let Some(mut p) = pod else {
             continue;
         };
-        if p.workload.node_name.is_none() && volume::Storage::uses_claims(k) {
+        if let (None, Some(k)) = (&p.workload.node_name, &entry.with_claims) {
             if storage.is_empty() {
                 unchecked_claims += 1;
             } else {
@@ -176,10 +174,8 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
             }
         }
         if !seen.insert(p.workload.id.clone()) {
-            warnings.push(format!(
-                "{}: Pod {} appears more than once; keeping the first",
-                obj.origin, p.workload.id
-            ));
+            warnings
+                .push(format!("{origin}: Pod {} appears more than once; keeping the first", p.workload.id));
             continue;
         }
         converted.push(p);
@@ -221,8 +217,8 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
     }
     snapshot.nodes = fresh_nodes;
 
-    for (obj, k) in &pdbs {
-        if let Some(b) = convert_pdb(k, &obj.origin, &mut warnings)? {
+    for (origin, k) in &pdbs {
+        if let Some(b) = convert_pdb(k, origin, &mut warnings)? {
             snapshot.disruption_budgets.push(b);
         }
     }

@@ -695,7 +695,7 @@ pub fn convert_pod(
             return Ok(None);
         }
     }
-    let Some(spec) = k.spec.clone() else {
+    let Some(spec) = k.spec.as_ref() else {
         return Err(ctx.invalid("spec", "missing or null", "a Pod needs a spec"));
     };
     if spec.containers.is_empty() {
@@ -713,7 +713,7 @@ pub fn convert_pod(
     let labels = meta.labels.clone().unwrap_or_default();
     let annotations = meta.annotations.clone().unwrap_or_default();
 
-    let requests = effective_requests(&ctx, &spec)?;
+    let requests = effective_requests(&ctx, spec)?;
     let (gpu, gpumem_percentage) = gpu_demand(&ctx, &requests, &annotations)?;
     let amount = |k: &str| requests.amounts.get(k).copied().unwrap_or(0);
 
@@ -773,8 +773,8 @@ pub fn convert_pod(
         tenant: Some(tenant),
         gang,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
-        affinity_terms: affinity_terms(&ctx, &spec, warnings)?,
-        tolerations: tolerations(&ctx, &spec)?,
+        affinity_terms: affinity_terms(&ctx, spec, warnings)?,
+        tolerations: tolerations(&ctx, spec)?,
         node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
         labels,
         owner: owner_kind(meta),
@@ -796,7 +796,7 @@ pub fn convert_pod(
             .filter(|(k, v)| **v > 0 && is_other_resource(k))
             .map(|(k, v)| (k.clone(), *v))
             .collect(),
-        host_ports: host_ports(&spec),
+        host_ports: host_ports(spec),
         pod_affinity: pod_affinity_terms(
             &ctx,
             "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution",
@@ -805,10 +805,10 @@ pub fn convert_pod(
             &labels_for_terms,
             warnings,
         )?,
-        spread: spread_constraints(&ctx, &spec, &labels_for_terms, "DoNotSchedule")?,
+        spread: spread_constraints(&ctx, spec, &labels_for_terms, "DoNotSchedule")?,
         preferences: Preferences {
-            node_affinity: preferred_node_affinity(&ctx, &spec, warnings)?,
-            spread: spread_constraints(&ctx, &spec, &labels_for_terms, "ScheduleAnyway")?,
+            node_affinity: preferred_node_affinity(&ctx, spec, warnings)?,
+            spread: spread_constraints(&ctx, spec, &labels_for_terms, "ScheduleAnyway")?,
         },
         identity: Some(std::sync::Arc::new(PodIdentity {
             namespace: namespace.clone(),

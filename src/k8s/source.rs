@@ -2,7 +2,7 @@
 //! objects), multi-document YAML, and folders of both.
 
 use super::error::SnapshotError;
-use crate::textfile::{read_text, InputLimits, TextError};
+use crate::textfile::{read_text, read_text_sized, InputLimits, TextError};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -37,16 +37,8 @@ pub fn read_path_with(
     limits: InputLimits,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<SourcedObject>, SnapshotError> {
-    if path == Path::new("-") {
-        let text = read_text(std::io::stdin().lock(), limits)
-            .map_err(|reason| SnapshotError::Text { origin: STDIN.into(), reason })?;
-        return parse_text(Path::new(STDIN), &text);
-    }
-    let meta =
-        std::fs::metadata(path).map_err(|cause| SnapshotError::Io { path: path.to_path_buf(), cause })?;
-    if !meta.is_dir() {
-        let text = read_file(path, limits)?;
-        return parse_text(path, &text);
+    if let Some((name, text)) = read_single(path, limits)? {
+        return parse_text(&name, &text);
     }
     let mut files = Vec::new();
     collect_files(path, &mut files, warnings)?;
@@ -96,10 +88,40 @@ pub fn read_path_with(
 /// The name standard input goes by in messages.
 const STDIN: &str = "<stdin>";
 
+/// The text of `path` and the name it goes by when it is one file or `-` (standard input);
+/// `None` for a folder.
+pub(crate) fn read_single(
+    path: &Path,
+    limits: InputLimits,
+) -> Result<Option<(PathBuf, String)>, SnapshotError> {
+    if path == Path::new("-") {
+        let text = read_text(std::io::stdin().lock(), limits)
+            .map_err(|reason| SnapshotError::Text { origin: STDIN.into(), reason })?;
+        return Ok(Some((PathBuf::from(STDIN), text)));
+    }
+    let meta =
+        std::fs::metadata(path).map_err(|cause| SnapshotError::Io { path: path.to_path_buf(), cause })?;
+    if meta.is_dir() {
+        return Ok(None);
+    }
+    Ok(Some((path.to_path_buf(), read_file(path, limits)?)))
+}
+
+/// Whether the file is JSON: by its extension, else by its first character.
+pub(crate) fn is_json(path: &Path, text: &str) -> bool {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("json") => true,
+        Some("yaml" | "yml") => false,
+        _ => text.trim_start().starts_with(['{', '[']),
+    }
+}
+
 fn read_file(path: &Path, limits: InputLimits) -> Result<String, SnapshotError> {
-    let file =
-        std::fs::File::open(path).map_err(|cause| SnapshotError::Io { path: path.to_path_buf(), cause })?;
-    read_text(file, limits)
+    let io = |cause| SnapshotError::Io { path: path.to_path_buf(), cause };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    read_text_sized(file, limits, size)
         .map_err(|reason| SnapshotError::Text { origin: path.display().to_string(), reason })
 }
 
@@ -133,12 +155,7 @@ fn collect_files(
 /// Parses the text of one file. `.json` files are JSON, `.yaml`/`.yml` YAML; other names are
 /// sniffed (JSON when the text starts with `{` or `[`).
 pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, SnapshotError> {
-    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    let json = match ext.as_deref() {
-        Some("json") => true,
-        Some("yaml" | "yml") => false,
-        _ => text.trim_start().starts_with(['{', '[']),
-    };
+    let json = is_json(path, text);
     let name = path.display().to_string();
     let mut out = Vec::new();
     let saw_list = if json {

@@ -44,10 +44,31 @@ fn gpu_container(resources: Value) -> Value {
             "resources": {"requests": resources.clone(), "limits": resources}}])
 }
 
+/// Converts the objects the general way and, written as one `kubectl` List, the fast way
+/// ([`json_list`]); every rule tested here must come out the same both ways (snapshot, warnings,
+/// or error message).
 fn load(values: Vec<Value>) -> Result<LoadedSnapshot, SnapshotError> {
-    let objs: Vec<SourcedObject> =
-        values.into_iter().enumerate().map(|(i, v)| SourcedObject::new(format!("test[{i}]"), v)).collect();
-    convert(&objs)
+    let text =
+        serde_json::to_string_pretty(&json!({"apiVersion": "v1", "kind": "List", "items": values})).unwrap();
+    let objs: Vec<SourcedObject> = values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| SourcedObject::new(format!("test.json items[{i}]"), v))
+        .collect();
+    let general = convert(&objs);
+    let fast = json_list::convert("test.json", &text).expect("a List of objects takes the fast path");
+    match (&general, &fast) {
+        (Ok(g), Ok(f)) => {
+            assert_eq!(
+                serde_json::to_value(&g.snapshot).unwrap(),
+                serde_json::to_value(&f.snapshot).unwrap()
+            );
+            assert_eq!(g.warnings, f.warnings);
+        }
+        (Err(g), Err(f)) => assert_eq!(g.to_string(), f.to_string()),
+        (g, f) => panic!("general path: {:?}\nfast path: {:?}", g.as_ref().err(), f.as_ref().err()),
+    }
+    general
 }
 
 fn one_node(v: Value) -> (Node, Vec<String>) {
@@ -357,7 +378,7 @@ fn bad_node_quantity_names_object_field_and_value() {
     let err = load(vec![node("n1", json!({}), json!({"cpu": "4 cores", "memory": "16Gi"}))]).unwrap_err();
     match &err {
         SnapshotError::Quantity { origin, object, field, value, .. } => {
-            assert_eq!(origin, "test[0]");
+            assert_eq!(origin, "test.json items[0]");
             assert_eq!(object, "Node n1");
             assert_eq!(field, "status.allocatable.cpu");
             assert_eq!(value, "4 cores");
@@ -763,11 +784,11 @@ fn objects_a_real_server_refuses_are_warned_about() {
     let loaded = load(vec![n, p]).expect("a refusable object still loads");
     let w = loaded.warnings.join("\n");
     for expected in [
-        "test[0]: Node gpu-1: metadata.labels[provider] \"Amazon EC2 g6.12xlarge\": a real API server refuses",
-        "test[0]: Node gpu-1: spec.taints[0].key \"bad key\": a real API server refuses",
-        "test[0]: Node gpu-1: metadata.annotations key \"two/slashes/here\"",
-        "test[1]: Pod ML/Train_0: metadata.name \"Train_0\"",
-        "test[1]: Pod ML/Train_0: metadata.namespace \"ML\"",
+        "test.json items[0]: Node gpu-1: metadata.labels[provider] \"Amazon EC2 g6.12xlarge\": a real API server refuses",
+        "test.json items[0]: Node gpu-1: spec.taints[0].key \"bad key\": a real API server refuses",
+        "test.json items[0]: Node gpu-1: metadata.annotations key \"two/slashes/here\"",
+        "test.json items[1]: Pod ML/Train_0: metadata.name \"Train_0\"",
+        "test.json items[1]: Pod ML/Train_0: metadata.namespace \"ML\"",
     ] {
         assert!(w.contains(expected), "missing {expected:?} in:\n{w}");
     }
@@ -860,4 +881,67 @@ fn gke_sharing_labels_are_checked() {
     assert!(e.contains("gke-max-shared-clients-per-gpu"), "{e}");
     let e = err(json!({"cloud.google.com/gke-max-shared-clients-per-gpu": "0"}));
     assert!(e.contains("at least 1"), "{e}");
+}
+
+#[test]
+fn decode_errors_name_the_same_field_both_ways() {
+    let mut p = pod("ml", "train", json!([]));
+    p["spec"]["priority"] = json!("high");
+    let err = load(vec![p]).unwrap_err().to_string();
+    assert!(err.contains("spec.priority") && err.contains("invalid type"), "{err}");
+    assert!(!err.contains("line "), "positions inside an item mean nothing to the user: {err}");
+}
+
+/// A generated real-shaped List (managed fields, probes, statuses, four GPU request forms)
+/// converts the same both ways, without warnings, into the cluster it was generated from.
+#[test]
+fn generated_lists_convert_the_same_both_ways_into_their_model() {
+    use crate::sim::kubectl_list::{self, ListShape};
+    let shape = ListShape { nodes: 60, running: 500, pending: 120, seed: 7, managed_fields: true };
+    let (model, _) = kubectl_list::cluster(&shape);
+    let mut bytes = Vec::new();
+    kubectl_list::write_list(&shape, &model, &mut bytes).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    let general = convert(&parse_text(Path::new("g.json"), &text).unwrap()).unwrap();
+    let fast = json_list::convert("g.json", &text).expect("fast path").unwrap();
+    assert_eq!(
+        serde_json::to_value(&general.snapshot).unwrap(),
+        serde_json::to_value(&fast.snapshot).unwrap()
+    );
+    assert_eq!(general.warnings, fast.warnings);
+    assert!(fast.warnings.is_empty(), "{:?}", fast.warnings);
+
+    let loaded = fast.snapshot;
+    assert_eq!(loaded.nodes.len(), model.nodes.len());
+    for (got, want) in loaded.nodes.iter().zip(&model.nodes) {
+        assert_eq!(
+            (&got.name, &got.gpu_model, got.gpus.len(), &got.allocatable, &got.node_group),
+            (&want.name, &want.gpu_model, want.gpus.len(), &want.allocatable, &want.node_group)
+        );
+        // The same GPU modes and MIG layout (the model's nodes also hold its pods; a loaded node is
+        // its capacity).
+        let layout = |n: &Node| -> Vec<String> {
+            n.gpus
+                .iter()
+                .map(|g| match &g.mode {
+                    GpuMode::Mig { instances, .. } => instances
+                        .iter()
+                        .map(|i| format!("{}@{}", i.placement.profile, i.placement.start))
+                        .collect(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(layout(got), layout(want));
+    }
+    assert_eq!(loaded.workloads.len(), model.workloads.len());
+    let forms: std::collections::HashSet<_> =
+        model.workloads.iter().map(|w| std::mem::discriminant(&w.gpu)).collect();
+    assert_eq!(forms.len(), 4, "no GPU, whole, fraction and MIG demands");
+    for (got, want) in loaded.workloads.iter().zip(&model.workloads) {
+        assert_eq!(
+            (&got.id, &got.gpu, &got.requests, &got.node_name),
+            (&want.id, &want.gpu, &want.requests, &want.node_name)
+        );
+    }
 }

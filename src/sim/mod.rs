@@ -2,5 +2,6 @@
 
 pub mod autoscale;
 pub mod inflation;
+pub mod kubectl_list;
 pub mod synthetic;
 pub mod tenants;

@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 
 /// Node groups of the synthetic cluster: H100 and A100 (MIG) training/inference pools, time-sliced
 /// L4, A10G and CPU nodes.
-const GROUPS: &str = r#"
+pub(crate) const GROUPS: &str = r#"
 accounts:
   - name: bench
     provider: simulated

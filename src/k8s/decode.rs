@@ -1,0 +1,131 @@
+//! Decoding and converting objects in parallel, one at a time.
+//!
+//! Each object is decoded and, for the two kinds a cluster has by the thousand (Nodes, Pods),
+//! converted at once, so the decoded API object is dropped before the next is read: a
+//! 60,000-pod List never exists as API objects all at once. Messages and errors come out in the
+//! order a one-by-one conversion gives (decode errors in object order first, then node, then pod
+//! errors), whatever order the threads finish in.
+
+use super::{convert_node, convert_pod, convert_pod_group, slim, volume, ConvertedNode, ConvertedPod};
+use super::{SnapshotError, SourcedObject, POD_GROUP_API_VERSIONS};
+use k8s_openapi::api::{core::v1 as core, policy::v1 as policy, storage::v1 as storage};
+use rayon::prelude::*;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+/// An object as read, before decoding: a JSON value, or a List item still as text.
+pub(super) trait RawObject: Sync {
+    /// `apiVersion` and `kind`.
+    fn head(&self) -> (&str, &str);
+    /// Where it was read, for messages.
+    fn origin(&self) -> Cow<'_, str>;
+    /// Decodes it with errors naming the field.
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, SnapshotError>;
+    /// It as a JSON value, for the rare kinds and messages that read it so.
+    fn value(&self) -> Cow<'_, Value>;
+}
+
+impl RawObject for SourcedObject {
+    fn head(&self) -> (&str, &str) {
+        (
+            self.value["apiVersion"].as_str().unwrap_or_default(),
+            self.value["kind"].as_str().unwrap_or_default(),
+        )
+    }
+    fn origin(&self) -> Cow<'_, str> {
+        Cow::Borrowed(&self.origin)
+    }
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, SnapshotError> {
+        serde_path_to_error::deserialize(&self.value).map_err(|e| SnapshotError::Decode {
+            origin: self.origin.clone(),
+            object: super::describe(&self.value),
+            field: e.path().to_string(),
+            message: e.inner().to_string(),
+        })
+    }
+    fn value(&self) -> Cow<'_, Value> {
+        Cow::Borrowed(&self.value)
+    }
+}
+
+/// A pod converted, with what its conversion said, and the API object when the pod names
+/// volume claims (the storage checks read it once every claim is known).
+pub(super) struct PodEntry {
+    pub converted: Result<(Option<ConvertedPod>, Vec<String>), SnapshotError>,
+    pub with_claims: Option<Box<core::Pod>>,
+}
+
+/// An object decoded, the thousands converted already.
+pub(super) enum Decoded {
+    Node(Result<(ConvertedNode, Vec<String>), SnapshotError>),
+    Pod(PodEntry),
+    Pdb(Box<policy::PodDisruptionBudget>),
+    Claim(Box<core::PersistentVolumeClaim>),
+    Volume(Box<core::PersistentVolume>),
+    Class(Box<storage::StorageClass>),
+    /// A gang's PodGroup (read before the pods, see [`decode_all`]).
+    PodGroup,
+    /// A kind the plan does not read: `Kind (apiVersion)`.
+    Skipped(String),
+}
+
+fn is_pod_group((api_version, kind): (&str, &str)) -> bool {
+    kind == "PodGroup" && POD_GROUP_API_VERSIONS.contains(&api_version)
+}
+
+/// Decodes every object (in parallel) into `(origin, Decoded)`, in order; the first decode
+/// error in object order is the error.
+pub(super) fn decode_all<O: RawObject>(objects: &[O]) -> Result<Vec<(String, Decoded)>, SnapshotError> {
+    // Pods read their gang's size from its PodGroup, so PodGroups come first.
+    let groups: BTreeMap<usize, Result<(String, u32), SnapshotError>> = objects
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| is_pod_group(o.head()))
+        .map(|(i, o)| (i, convert_pod_group(&o.value(), &o.origin())))
+        .collect();
+    let sizes: BTreeMap<String, u32> = groups.values().filter_map(|g| g.as_ref().ok().cloned()).collect();
+    let decoded: Vec<Result<(String, Decoded), SnapshotError>> = objects
+        .par_iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let decoded = match groups.get(&i) {
+                Some(Ok(_)) => Decoded::PodGroup,
+                // (The error again: errors are not `Clone`.)
+                Some(Err(_)) => convert_pod_group(&o.value(), &o.origin()).map(|_| Decoded::PodGroup)?,
+                None => decode_one(o, &sizes)?,
+            };
+            Ok((o.origin().into_owned(), decoded))
+        })
+        .collect();
+    decoded.into_iter().collect()
+}
+
+fn decode_one<O: RawObject>(o: &O, pod_groups: &BTreeMap<String, u32>) -> Result<Decoded, SnapshotError> {
+    Ok(match o.head() {
+        ("v1", "Node") => {
+            let k: core::Node = o.decode::<slim::NodeIn>()?.into();
+            let mut warnings = Vec::new();
+            Decoded::Node(convert_node(&k, &o.origin(), &mut warnings).map(|c| (c, warnings)))
+        }
+        ("v1", "Pod") => {
+            let k: core::Pod = o.decode::<slim::PodIn>()?.into();
+            let mut warnings = Vec::new();
+            let converted = convert_pod(&k, &o.origin(), pod_groups, &mut warnings).map(|c| (c, warnings));
+            let with_claims = volume::Storage::uses_claims(&k).then(|| Box::new(k));
+            Decoded::Pod(PodEntry { converted, with_claims })
+        }
+        ("policy/v1", "PodDisruptionBudget") => Decoded::Pdb(o.decode()?),
+        ("v1", "PersistentVolumeClaim") => Decoded::Claim(o.decode()?),
+        ("v1", "PersistentVolume") => Decoded::Volume(o.decode()?),
+        ("storage.k8s.io/v1", "StorageClass") => Decoded::Class(o.decode()?),
+        (_, "") => {
+            return Err(SnapshotError::NotObjects {
+                origin: o.origin().into_owned(),
+                reason: format!("not a Kubernetes object (no kind): {}", super::preview(&o.value())),
+            })
+        }
+        (v, k) => Decoded::Skipped(format!("{k} ({v})")),
+    })
+}

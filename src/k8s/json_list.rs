@@ -1,0 +1,149 @@
+//! The fast path for what users feed `plan` most: one `kubectl get ... -o json` List.
+//!
+//! The List is split into its items without building JSON trees (each item is a borrowed slice
+//! of the text), and the items are decoded in parallel straight into the types the conversion
+//! reads ([`super::slim`]). Anything else — YAML, several documents, a single object, a List
+//! with nested Lists or a malformed one — returns `None` and takes the general path
+//! ([`super::parse_text`] then [`super::convert`]), which defines every error message; decode
+//! errors here name the same file, object and field as there.
+
+use super::decode::{decode_all, RawObject};
+use super::{convert_decoded, describe, LoadedSnapshot, SnapshotError};
+use rayon::prelude::*;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::borrow::Cow;
+
+/// A List's kind and its items, unparsed.
+#[derive(Deserialize)]
+struct ListIn<'a> {
+    #[serde(borrow, rename = "apiVersion")]
+    api_version: Option<&'a str>,
+    #[serde(borrow)]
+    kind: Option<&'a str>,
+    #[serde(borrow)]
+    items: Option<Vec<&'a RawValue>>,
+}
+
+/// What an item is, read before decoding it.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(borrow, rename = "apiVersion")]
+    api_version: Option<&'a str>,
+    #[serde(borrow)]
+    kind: Option<&'a str>,
+    #[serde(borrow)]
+    items: Option<&'a RawValue>,
+}
+
+/// The head of an object that starts with `apiVersion` and `kind` (in either order), as the API
+/// server and kubectl write every object, read off its first bytes; `None` for anything else
+/// (it is then read by deserializing the whole item).
+fn leading_head(text: &str) -> Option<Head<'_>> {
+    let mut rest = text.trim_start().strip_prefix('{')?;
+    let mut head = Head { api_version: None, kind: None, items: None };
+    for _ in 0..2 {
+        let (key, after) = plain_string(rest)?;
+        let (value, after) = plain_string(after.trim_start().strip_prefix(':')?)?;
+        match key {
+            "apiVersion" => head.api_version = Some(value),
+            "kind" => head.kind = Some(value),
+            _ => return None,
+        }
+        rest = after.trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+    }
+    // A `kind: ...List` object may hold items; only the full read can say.
+    (head.api_version.is_some() && head.kind.is_some_and(|k| !k.ends_with("List"))).then_some(head)
+}
+
+/// A JSON string without escapes at the start of `text` (after whitespace), and what follows.
+fn plain_string(text: &str) -> Option<(&str, &str)> {
+    let body = text.trim_start().strip_prefix('"')?;
+    let end = body.find(['"', '\\'])?;
+    (body.as_bytes()[end] == b'"').then(|| (&body[..end], &body[end + 1..]))
+}
+
+/// Converts `text` (the whole of the file `name`) when it is one JSON List of objects; `None`
+/// sends it down the general path.
+pub(super) fn convert(name: &str, text: &str) -> Option<Result<LoadedSnapshot, SnapshotError>> {
+    let list: ListIn<'_> = serde_json::from_str(text).ok()?;
+    let kind = list.kind?;
+    let items = list.items?;
+    let item_kind = kind.strip_suffix("List")?;
+    // The general path adds a typed List's kind to its items (`PodList` items have none).
+    let default_head = (!item_kind.is_empty()).then(|| (list.api_version.unwrap_or(""), item_kind));
+    let heads: Vec<(&str, &str)> = items
+        .par_iter()
+        .map(|raw| {
+            let head =
+                leading_head(raw.get()).or_else(|| serde_json::from_str::<Head<'_>>(raw.get()).ok())?;
+            let nested = head.kind.is_some_and(|k| k.ends_with("List")) && head.items.is_some();
+            if nested {
+                return None;
+            }
+            // (A kind or apiVersion with escapes fails to borrow, and the List takes the general
+            // path.)
+            match (head.api_version, head.kind) {
+                (Some(v), Some(k)) => Some((v, k)),
+                (None, None) => default_head,
+                (None, Some(k)) => Some(("", k)),
+                (Some(_), None) => None,
+            }
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let items: Vec<Item<'_>> = items
+        .into_iter()
+        .zip(heads)
+        .enumerate()
+        .map(|(index, (raw, (api_version, kind)))| Item {
+            file: name,
+            index,
+            api_version,
+            kind,
+            text: raw.get(),
+        })
+        .collect();
+    Some(decode_all(&items).and_then(convert_decoded))
+}
+
+/// One List item, still text.
+struct Item<'a> {
+    file: &'a str,
+    index: usize,
+    api_version: &'a str,
+    kind: &'a str,
+    text: &'a str,
+}
+
+impl RawObject for Item<'_> {
+    fn head(&self) -> (&str, &str) {
+        (self.api_version, self.kind)
+    }
+    fn origin(&self) -> Cow<'_, str> {
+        Cow::Owned(format!("{} items[{}]", self.file, self.index))
+    }
+    /// The message drops serde_json's position in the item (the general path, decoding a JSON
+    /// value, has none).
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, SnapshotError> {
+        let mut de = serde_json::Deserializer::from_str(self.text);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.to_string();
+            let at = format!(" at line {} column {}", inner.line(), inner.column());
+            SnapshotError::Decode {
+                origin: self.origin().into_owned(),
+                object: describe(&self.value()),
+                field,
+                message: message.strip_suffix(&at).unwrap_or(&message).to_string(),
+            }
+        })
+    }
+    fn value(&self) -> Cow<'_, Value> {
+        // The text parsed as a whole List, so it parses.
+        Cow::Owned(serde_json::from_str(self.text).unwrap_or(Value::Null))
+    }
+}

@@ -1,0 +1,159 @@
+//! The parts of Nodes and Pods the conversion reads, deserialized straight from JSON text.
+//!
+//! A `kubectl get -o json` Pod is mostly what the plan never reads: container environment,
+//! probes, images and statuses, `managedFields`, node images and system info. Deserializing the
+//! `k8s-openapi` types builds all of it (and `managedFields` as generic JSON trees); these types
+//! skip it while parsing (serde ignores unknown fields without allocating) and then assemble the
+//! `k8s-openapi` objects the conversion takes, with the fields it reads. Field names and nesting
+//! are the API's, so decode errors name the same paths as the full types would.
+
+use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+
+/// `null` and a missing field both give the default, as `k8s-openapi` treats required fields.
+fn null_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct MetaIn {
+    name: Option<String>,
+    generate_name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+}
+
+impl From<MetaIn> for ObjectMeta {
+    fn from(m: MetaIn) -> Self {
+        ObjectMeta {
+            name: m.name,
+            generate_name: m.generate_name,
+            namespace: m.namespace,
+            uid: m.uid,
+            labels: m.labels,
+            annotations: m.annotations,
+            owner_references: m.owner_references,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// A Pod as [`super::convert_pod`] and the storage checks read it.
+#[derive(Deserialize)]
+pub(super) struct PodIn {
+    #[serde(default, deserialize_with = "null_default")]
+    metadata: MetaIn,
+    spec: Option<PodSpecIn>,
+    status: Option<PodStatusIn>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpecIn {
+    #[serde(default, deserialize_with = "null_default")]
+    containers: Vec<ContainerIn>,
+    init_containers: Option<Vec<ContainerIn>>,
+    affinity: Option<k8s::Affinity>,
+    node_name: Option<String>,
+    node_selector: Option<BTreeMap<String, String>>,
+    overhead: Option<BTreeMap<String, Quantity>>,
+    priority: Option<i32>,
+    resources: Option<k8s::ResourceRequirements>,
+    scheduler_name: Option<String>,
+    tolerations: Option<Vec<k8s::Toleration>>,
+    topology_spread_constraints: Option<Vec<k8s::TopologySpreadConstraint>>,
+    volumes: Option<Vec<k8s::Volume>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerIn {
+    #[serde(default, deserialize_with = "null_default")]
+    name: String,
+    ports: Option<Vec<k8s::ContainerPort>>,
+    resources: Option<k8s::ResourceRequirements>,
+    restart_policy: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PodStatusIn {
+    phase: Option<String>,
+}
+
+impl From<ContainerIn> for k8s::Container {
+    fn from(c: ContainerIn) -> Self {
+        k8s::Container {
+            name: c.name,
+            ports: c.ports,
+            resources: c.resources,
+            restart_policy: c.restart_policy,
+            ..k8s::Container::default()
+        }
+    }
+}
+
+impl From<PodIn> for k8s::Pod {
+    fn from(p: PodIn) -> Self {
+        k8s::Pod {
+            metadata: p.metadata.into(),
+            spec: p.spec.map(|s| k8s::PodSpec {
+                containers: s.containers.into_iter().map(Into::into).collect(),
+                init_containers: s.init_containers.map(|c| c.into_iter().map(Into::into).collect()),
+                affinity: s.affinity,
+                node_name: s.node_name,
+                node_selector: s.node_selector,
+                overhead: s.overhead,
+                priority: s.priority,
+                resources: s.resources,
+                scheduler_name: s.scheduler_name,
+                tolerations: s.tolerations,
+                topology_spread_constraints: s.topology_spread_constraints,
+                volumes: s.volumes,
+                ..k8s::PodSpec::default()
+            }),
+            status: p.status.map(|s| k8s::PodStatus { phase: s.phase, ..k8s::PodStatus::default() }),
+        }
+    }
+}
+
+/// A Node as [`super::convert_node`] reads it.
+#[derive(Deserialize)]
+pub(super) struct NodeIn {
+    #[serde(default, deserialize_with = "null_default")]
+    metadata: MetaIn,
+    spec: Option<k8s::NodeSpec>,
+    status: Option<NodeStatusIn>,
+}
+
+#[derive(Deserialize)]
+struct NodeStatusIn {
+    allocatable: Option<BTreeMap<String, Quantity>>,
+    capacity: Option<BTreeMap<String, Quantity>>,
+    conditions: Option<Vec<k8s::NodeCondition>>,
+}
+
+impl From<NodeIn> for k8s::Node {
+    fn from(n: NodeIn) -> Self {
+        k8s::Node {
+            metadata: n.metadata.into(),
+            spec: n.spec,
+            status: n.status.map(|s| k8s::NodeStatus {
+                allocatable: s.allocatable,
+                capacity: s.capacity,
+                conditions: s.conditions,
+                ..k8s::NodeStatus::default()
+            }),
+        }
+    }
+}
