@@ -47,7 +47,10 @@ export GPUSCALE_K8S_BIN
 echo "test.sh: kube-apiserver, kube-scheduler and etcd in $GPUSCALE_K8S_BIN" >&2
 
 cargo fmt --check
-cargo clippy --all-targets -- -D warnings
-# The decision core builds and tests alone, without Kubernetes or cloud crates.
-cargo test --no-default-features --lib
+# Lint every feature (the AWS and GCP providers included) and the bare core.
+cargo clippy --all-targets --all-features -- -D warnings
+cargo clippy --all-targets --no-default-features -- -D warnings
+# The decision core builds and tests alone, without Kubernetes or cloud crates: its unit tests
+# and every integration test that needs no feature.
+cargo test --no-default-features
 cargo test --all-features

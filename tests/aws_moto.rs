@@ -524,7 +524,6 @@ async fn canned_server(
 
 fn throttle_settings(endpoint: &str) -> AwsSettings {
     let mut s = settings(endpoint, "throttled");
-    s.max_attempts = 1;
     s.operation_timeout_secs = 10;
     s
 }
@@ -552,15 +551,81 @@ async fn autoscaling_throttling_maps_to_throttled() {
     assert!(err.is_retryable());
     let err = provider.set_target_size("aws/test/any", 1).await.expect_err("throttled");
     assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
-    assert_eq!(hits.load(Ordering::SeqCst), 2, "one request per call with max_attempts = 1");
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "one request per call: the SDK does not retry");
+}
 
-    // With retries the SDK tries again before giving up.
-    let mut s = throttle_settings(&endpoint);
-    s.max_attempts = 2;
-    let provider = AwsProvider::connect(s).await.unwrap();
-    let err = provider.refresh().await.expect_err("throttled");
+const THROTTLING_XML: &str = r#"<ErrorResponse xmlns="http://autoscaling.amazonaws.com/doc/2011-01-01/">
+  <Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error>
+  <RequestId>8c2a5a3e-0000-4000-8000-000000000003</RequestId>
+</ErrorResponse>"#;
+
+const NO_GROUPS_XML: &str = r#"<DescribeAutoScalingGroupsResponse xmlns="http://autoscaling.amazonaws.com/doc/2011-01-01/">
+  <DescribeAutoScalingGroupsResult><AutoScalingGroups/></DescribeAutoScalingGroupsResult>
+  <ResponseMetadata><RequestId>8c2a5a3e-0000-4000-8000-000000000004</RequestId></ResponseMetadata>
+</DescribeAutoScalingGroupsResponse>"#;
+
+/// A server that throttles the first `throttle` requests, then answers with no groups; the
+/// arrival time of every request.
+async fn throttling_server(throttle: usize) -> (String, Arc<std::sync::Mutex<Vec<std::time::Instant>>>) {
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = arrivals.clone();
+    let (endpoint, _) = canned_server(move |_| {
+        let mut a = seen.lock().unwrap();
+        a.push(std::time::Instant::now());
+        if a.len() <= throttle {
+            (400, THROTTLING_XML.to_owned())
+        } else {
+            (200, NO_GROUPS_XML.to_owned())
+        }
+    })
+    .await;
+    (endpoint, arrivals)
+}
+
+/// One retry layer: the SDK's retries are off, so `retry.maxAttempts` attempts reach AWS (not
+/// maxAttempts squared), each after a token of the account's rate limiter, and throttling is
+/// backed off by our layer alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_by_one_layer_and_every_attempt_passes_the_rate_limiter() {
+    use gpuscale::providers::config::{BackoffConfig, RateLimitConfig, RetryConfig};
+    use gpuscale::providers::politeness::{Polite, PolitenessConfig};
+    use std::time::Duration;
+    // 5 requests per second, no burst: attempts at least 200 ms apart. The backoff itself is
+    // zero, so only the limiter can space them.
+    let polite = |attempts| PolitenessConfig {
+        rate_limit: Some(RateLimitConfig { requests_per_second: 5.0, burst: 1 }),
+        retry: RetryConfig { max_attempts: attempts, base_delay_ms: 0, max_delay_ms: 0, seed: 1 },
+        backoff: BackoffConfig::default(),
+    };
+    let spacing = |arrivals: &[std::time::Instant]| -> Vec<Duration> {
+        arrivals.windows(2).map(|w| w[1] - w[0]).collect()
+    };
+
+    // Throttled three times, then answered: exactly four requests.
+    let (endpoint, arrivals) = throttling_server(3).await;
+    let provider = Polite::new(AwsProvider::connect(throttle_settings(&endpoint)).await.unwrap(), polite(5));
+    let groups = provider.refresh().await.expect("answered after three throttles");
+    assert!(groups.is_empty());
+    let a = arrivals.lock().unwrap().clone();
+    assert_eq!(a.len(), 4, "three throttled attempts and one answered, nothing more");
+    let gaps = spacing(&a);
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(190)),
+        "every attempt waited for the limiter: {gaps:?}"
+    );
+
+    // Throttled for good: maxAttempts requests in all (the SDK's own retries made it 3 x 3 = 9).
+    let (endpoint, arrivals) = throttling_server(usize::MAX).await;
+    let provider = Polite::new(AwsProvider::connect(throttle_settings(&endpoint)).await.unwrap(), polite(3));
+    let err = provider.refresh().await.expect_err("throttled on every attempt");
     assert!(matches!(err, ProviderError::Throttled { .. }), "{err:?}");
-    assert_eq!(hits.load(Ordering::SeqCst), 4);
+    let a = arrivals.lock().unwrap().clone();
+    assert_eq!(a.len(), 3, "maxAttempts = 3 attempts reach AWS");
+    let gaps = spacing(&a);
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(190)),
+        "every attempt waited for the limiter: {gaps:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

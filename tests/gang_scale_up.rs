@@ -2,8 +2,12 @@
 
 use gpuscale::model::InstanceState;
 use gpuscale::providers::config;
-use gpuscale::providers::gang::{scale_up_gang, GangOutcome, GroupGrowth};
+use gpuscale::providers::gang::{
+    prepare_gang, resume_gang, run_gang, scale_up_gang, GangOutcome, GroupGrowth,
+};
+use gpuscale::providers::simulated::Operation;
 use gpuscale::providers::simulated::{SimulatedCloud, SimulationSettings};
+use std::cell::Cell;
 use std::time::Duration;
 
 const GROUPS: &str = r#"
@@ -92,4 +96,83 @@ async fn an_unknown_group_is_refused_before_anything_scales() {
     .unwrap_err();
     assert!(err.to_string().contains("sim/nope"));
     assert_eq!(live(&cloud, "sim/h100-a"), 1);
+}
+
+fn writes(cloud: &SimulatedCloud) -> Vec<Operation> {
+    cloud
+        .operations()
+        .into_iter()
+        .map(|r| r.op)
+        .filter(|op| matches!(op, Operation::SetTargetSize { .. } | Operation::DeleteInstances { .. }))
+        .collect()
+}
+
+/// A scale-up whose fence turns false while it waits writes nothing more, and a second process
+/// resuming it from its record rolls it back exactly once (never raising again).
+#[tokio::test]
+async fn a_fenced_gang_stops_and_a_resumed_one_rolls_back_once() {
+    let cloud = cloud();
+    cloud.set_zone_capacity("us-east-1b", Some(1));
+    let timeout = Duration::from_secs(900);
+    let record = prepare_gang(&cloud, &growth(), timeout, 1_700_000_000).await.unwrap();
+    assert_eq!(record.groups[0].old_target, 1);
+    assert_eq!(record.groups[0].existing.len(), 1);
+    // The first process leads for three polls, then loses leadership.
+    let polls = Cell::new(0);
+    let outcome = run_gang(
+        &cloud,
+        &record,
+        true,
+        timeout,
+        Duration::from_secs(30),
+        |d| {
+            cloud.advance(d);
+            polls.set(polls.get() + 1);
+            std::future::ready(())
+        },
+        || polls.get() < 3,
+        |_| async { panic!("a fenced process must not begin the rollback") },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(outcome, GangOutcome::Stopped { .. }), "{outcome:?}");
+    let raised = writes(&cloud);
+    assert_eq!(raised.len(), 2, "the two raises only: {raised:?}");
+    // Long past its timeout, the stopped process has written nothing more.
+    cloud.advance(Duration::from_secs(1200));
+    assert_eq!(writes(&cloud).len(), 2);
+
+    // The next leader resumes from the record: no time left, so it rolls back, once.
+    let marked = Cell::new(0);
+    let outcome = resume_gang(
+        &cloud,
+        &record,
+        Duration::ZERO,
+        Duration::from_secs(30),
+        |d| {
+            cloud.advance(d);
+            std::future::ready(())
+        },
+        || true,
+        |r| {
+            assert!(!r.rolling_back);
+            marked.set(marked.get() + 1);
+            async { true }
+        },
+    )
+    .await
+    .unwrap();
+    let GangOutcome::RolledBack { deleted, .. } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(marked.get(), 1, "the rollback is recorded before it starts");
+    assert_eq!(deleted["sim/h100-a"].len(), 2);
+    assert_eq!(deleted["sim/h100-b"].len(), 1);
+    let after = writes(&cloud);
+    let raises = after
+        .iter()
+        .filter(|op| matches!(op, Operation::SetTargetSize { from, to, .. } if to > from))
+        .count();
+    assert_eq!(raises, 2, "resuming never raises: {after:?}");
+    assert_eq!(after.len(), 2 + 2 + 2, "two deletions and two restores: {after:?}");
+    cloud.advance(Duration::from_secs(600));
+    assert_eq!((live(&cloud, "sim/h100-a"), live(&cloud, "sim/h100-b")), (1, 0));
 }

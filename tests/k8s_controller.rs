@@ -710,3 +710,146 @@ accounts:
     driver.abort();
     c.assert_rbac_allowed("a");
 }
+
+/// A TCP proxy to `upstream` that can be cut: once cut, it forwards nothing more on open
+/// connections and holds new ones without answering (a network partition, not a refusal, so
+/// requests hang rather than fail fast).
+async fn cuttable_proxy(upstream: String) -> (String, tokio::sync::watch::Sender<bool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+    async fn pipe(
+        mut from: OwnedReadHalf,
+        mut to: OwnedWriteHalf,
+        mut cut: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut buf = vec![0u8; 16384];
+        loop {
+            let n = tokio::select! {
+                r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+                _ = cut.wait_for(|c| *c) => 0,
+            };
+            if *cut.borrow() {
+                // Partitioned: keep both sockets open, move nothing.
+                let _held = (from, to);
+                std::future::pending::<()>().await;
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let (cut_tx, cut) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let cut = cut.clone();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                if *cut.borrow() {
+                    let _held = client;
+                    return std::future::pending::<()>().await;
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(upstream.as_str()).await else { return };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, cut.clone()));
+                tokio::spawn(pipe(sr, cw, cut));
+            });
+        }
+    });
+    (url, cut_tx)
+}
+
+fn cloud_writes(c: &KubeCluster) -> usize {
+    c.cloud
+        .operations()
+        .into_iter()
+        .filter(|r| matches!(r.op, Operation::SetTargetSize { .. } | Operation::DeleteInstances { .. }))
+        .count()
+}
+
+/// Leadership fencing: the leader is partitioned from the API server mid gang scale-up (its
+/// renewals hang). It stops acting at its renew deadline, before the other replica may take the
+/// Lease over; the new leader finds the gang's record and rolls it back, once. The cloud is
+/// shared, so a fenced-off leader that kept acting would show as a second rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_partitioned_mid_gang_scale_up_stops_and_the_new_leader_rolls_back_once() {
+    let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
+    // The zone has room for one node; the gang needs two: it can only be rolled back.
+    c.cloud.set_zone_capacity("us-east-1a", Some(1));
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config = kube_cluster::ControllerConfig { gang_timeout_seconds: 8.0, ..fast_config() };
+    let upstream = c.cp.url.trim_start_matches("https://").to_string();
+    let (via, cut) = cuttable_proxy(upstream).await;
+    let a = c.controller_via(&via, "a", config.clone(), no_scale_down()).await;
+    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpuscale-controller";
+    c.wait_until(WAIT, "a holds the lease", || async {
+        c.get(lease_path).await.is_some_and(|l| l["spec"]["holderIdentity"] == "a")
+    })
+    .await;
+    let b = c.controller("b", config, no_scale_down(), false).await;
+    for i in 0..4 {
+        c.create(gang_pod(i)).await;
+    }
+    let gangs_path = "/api/v1/namespaces/kube-system/configmaps/gpuscale-controller-gangs";
+    c.wait_until(WAIT, "a raised the group for the gang and recorded it", || async {
+        !set_target_calls(&c).is_empty()
+            && c.get(gangs_path).await.is_some_and(|cm| cm["data"]["sim_gpu-l4"].is_string())
+    })
+    .await;
+    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    let record: serde_json::Value =
+        serde_json::from_str(c.get(gangs_path).await.unwrap()["data"]["sim_gpu-l4"].as_str().unwrap())
+            .unwrap();
+    assert_eq!(record["groups"][0]["oldTarget"], 0);
+    assert_eq!(record["groups"][0]["to"], 2);
+
+    // Partition a. It may act for at most its renew deadline (1.4 s) after its last renewal
+    // began; b may take over only after seeing the Lease unrenewed for 2 s.
+    cut.send_replace(true);
+    let writes_at_cut = cloud_writes(&c);
+    c.wait_until(WAIT, "b takes the lease over", || async {
+        c.get(lease_path).await.is_some_and(|l| l["spec"]["holderIdentity"] == "b")
+    })
+    .await;
+    assert_eq!(
+        cloud_writes(&c),
+        writes_at_cut,
+        "nobody wrote to the cloud between the partition and the takeover"
+    );
+
+    c.wait_until(WAIT, "the gang rolled back", || async {
+        set_target_calls(&c).last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
+    })
+    .await;
+    c.wait_until(WAIT, "the gang record removed", || async {
+        c.get(gangs_path).await.is_some_and(|cm| cm["data"].get("sim_gpu-l4").is_none())
+    })
+    .await;
+    // Past a's own gang deadline: a fenced-off leader would have rolled back by now as well.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let targets = set_target_calls(&c);
+    assert_eq!(targets.len(), 2, "one raise by a, one restore by b: {targets:?}");
+    assert_eq!(targets[1].1, 0);
+    assert_eq!(
+        deleted_instances(&c).len(),
+        1,
+        "the launched instance deleted once: {:?}",
+        deleted_instances(&c)
+    );
+    let rolled_back = |r: &fixtures::Recorder| {
+        r.with_prefix("scale_up_failed: sim/gpu-l4")
+            .iter()
+            .filter(|l| l.contains("not all gang instances ran"))
+            .count()
+    };
+    assert_eq!(rolled_back(&b.recorder), 1, "b rolled the gang back: {:?}", b.recorder.lines.lock().unwrap());
+    assert_eq!(rolled_back(&a.recorder), 0, "a stopped: {:?}", a.recorder.lines.lock().unwrap());
+    // a cannot release the Lease through the partition: a crash, as far as the cluster knows.
+    a.task.abort();
+    b.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("b");
+}

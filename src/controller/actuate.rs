@@ -3,15 +3,21 @@
 //! Node updates read the Node, change it and write it back with the `resourceVersion` read
 //! (HTTP PUT), retrying on 409 Conflict, so concurrent changes by the kubelet or an operator are
 //! never overwritten.
+//!
+//! Every write is fenced: the actuator checks the leader [`Fence`] immediately before issuing it
+//! and refuses ([`ApiCause::NotLeading`]) once this replica may no longer act.
 
 use super::drain::{
     DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED,
     REPLACE_REQUESTED_AT, REPLACE_TARGET, REPLACE_WITH,
 };
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use super::leader::{Fence, NotLeading};
+use crate::providers::gang::GangRecord;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, EvictParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// An API call of the controller failed.
@@ -23,7 +29,25 @@ pub struct ApiError {
     /// `Node n1`, `Pod ns/name`.
     pub object: String,
     /// Cause (in the message, so not also a `source()`).
-    pub cause: kube::Error,
+    pub cause: ApiCause,
+}
+
+/// Why an API call failed.
+#[derive(Debug, Error)]
+pub enum ApiCause {
+    /// The API server or the connection to it.
+    #[error("{0}")]
+    Kube(kube::Error),
+    /// Not issued: this replica no longer leads.
+    #[error("{0}")]
+    NotLeading(NotLeading),
+}
+
+impl ApiError {
+    /// Whether the call was not issued because leadership was lost.
+    pub fn is_not_leading(&self) -> bool {
+        matches!(self.cause, ApiCause::NotLeading(_))
+    }
 }
 
 fn status_code(e: &kube::Error) -> Option<u16> {
@@ -31,6 +55,11 @@ fn status_code(e: &kube::Error) -> Option<u16> {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
     }
+}
+
+/// Key of a gang's record in the gang ConfigMap (keys allow `[-._a-zA-Z0-9]`).
+pub fn gang_key(group: &str) -> String {
+    group.chars().map(|c| if c.is_ascii_alphanumeric() || "-._".contains(c) { c } else { '_' }).collect()
 }
 
 /// How an eviction request ended.
@@ -48,14 +77,92 @@ pub enum Eviction {
 #[derive(Clone)]
 pub struct KubeActuator {
     client: Client,
+    fence: Fence,
 }
 
 const CONFLICT_RETRIES: usize = 5;
 
 impl KubeActuator {
-    /// An actuator on `client`.
-    pub fn new(client: Client) -> Self {
-        Self { client }
+    /// An actuator on `client` whose writes are issued only while `fence` holds.
+    pub fn new(client: Client, fence: Fence) -> Self {
+        Self { client, fence }
+    }
+
+    /// The leadership check before a write.
+    fn fenced(&self, op: &'static str, object: impl FnOnce() -> String) -> Result<(), ApiError> {
+        self.fence.check().map_err(|e| ApiError { op, object: object(), cause: ApiCause::NotLeading(e) })
+    }
+
+    /// The gang records in ConfigMap `namespace/name` (absent: none). Undecodable entries are
+    /// logged and left out.
+    pub async fn gang_records(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<BTreeMap<String, GangRecord>, ApiError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let err = |e| ApiError {
+            op: "get",
+            object: format!("ConfigMap {namespace}/{name}"),
+            cause: ApiCause::Kube(e),
+        };
+        let Some(cm) = api.get_opt(name).await.map_err(err)? else { return Ok(BTreeMap::new()) };
+        let mut out = BTreeMap::new();
+        for (key, value) in cm.data.unwrap_or_default() {
+            match serde_json::from_str::<GangRecord>(&value) {
+                Ok(r) => {
+                    out.insert(key, r);
+                }
+                Err(e) => tracing::warn!(%key, error = %e, "ignoring an undecodable gang record"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes (`Some`) or removes (`None`) the record under `key` of ConfigMap `namespace/name`,
+    /// creating the ConfigMap when absent. Fenced.
+    pub async fn put_gang_record(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        record: Option<&GangRecord>,
+    ) -> Result<(), ApiError> {
+        let object = || format!("ConfigMap {namespace}/{name}");
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let value = record.map(|r| serde_json::to_string(r).expect("a gang record serialises"));
+        let err = |op, e| ApiError { op, object: object(), cause: ApiCause::Kube(e) };
+        for _ in 0..CONFLICT_RETRIES {
+            self.fenced("patch", object)?;
+            let patch = serde_json::json!({"data": {key: value}});
+            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => return Ok(()),
+                Err(e) if status_code(&e) == Some(404) => {
+                    let Some(value) = &value else { return Ok(()) };
+                    let cm = ConfigMap {
+                        metadata: kube::api::ObjectMeta {
+                            name: Some(name.to_string()),
+                            namespace: Some(namespace.to_string()),
+                            ..Default::default()
+                        },
+                        data: Some([(key.to_string(), value.clone())].into()),
+                        ..Default::default()
+                    };
+                    self.fenced("create", object)?;
+                    match api.create(&PostParams::default(), &cm).await {
+                        Ok(_) => return Ok(()),
+                        Err(e) if status_code(&e) == Some(409) => continue,
+                        Err(e) => return Err(err("create", e)),
+                    }
+                }
+                Err(e) => return Err(err("patch", e)),
+            }
+        }
+        Err(ApiError {
+            op: "create",
+            object: object(),
+            cause: ApiCause::Kube(kube::Error::Service("conflicts on every attempt".into())),
+        })
     }
 
     /// Reads a Node, applies `change`, writes it back; retries on 409. `change` returns false to
@@ -67,12 +174,13 @@ impl KubeActuator {
         change: impl Fn(&mut Node) -> bool,
     ) -> Result<bool, ApiError> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let err = |cause| ApiError { op, object: format!("Node {name}"), cause };
+        let err = |cause| ApiError { op, object: format!("Node {name}"), cause: ApiCause::Kube(cause) };
         for attempt in 0.. {
             let Some(mut node) = api.get_opt(name).await.map_err(err)? else { return Ok(false) };
             if !change(&mut node) {
                 return Ok(true);
             }
+            self.fenced(op, || format!("Node {name}"))?;
             match api.replace(name, &PostParams::default(), &node).await {
                 Ok(_) => return Ok(true),
                 Err(e) if status_code(&e) == Some(409) && attempt < CONFLICT_RETRIES => continue,
@@ -187,21 +295,29 @@ impl KubeActuator {
     /// Evicts a pod through the Eviction API (which enforces PodDisruptionBudgets).
     pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, ApiError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        self.fenced("evict", || format!("Pod {namespace}/{name}"))?;
         match api.evict(name, &EvictParams::default()).await {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message.clone())),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
-            Err(cause) => Err(ApiError { op: "evict", object: format!("Pod {namespace}/{name}"), cause }),
+            Err(cause) => Err(ApiError {
+                op: "evict",
+                object: format!("Pod {namespace}/{name}"),
+                cause: ApiCause::Kube(cause),
+            }),
         }
     }
 
     /// Deletes a Node object; a missing node is fine.
     pub async fn delete_node(&self, name: &str) -> Result<(), ApiError> {
         let api: Api<Node> = Api::all(self.client.clone());
+        self.fenced("delete", || format!("Node {name}"))?;
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == Some(404) => Ok(()),
-            Err(cause) => Err(ApiError { op: "delete", object: format!("Node {name}"), cause }),
+            Err(cause) => {
+                Err(ApiError { op: "delete", object: format!("Node {name}"), cause: ApiCause::Kube(cause) })
+            }
         }
     }
 }

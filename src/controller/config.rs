@@ -54,10 +54,14 @@ pub struct TrainingProtection {
 pub struct LeaseConfig {
     /// Lease name.
     pub name: String,
-    /// `leaseDurationSeconds`: how long a holder's claim lasts without renewal.
+    /// `leaseDurationSeconds`: how long a holder's claim lasts without renewal; another replica
+    /// takes the Lease over only after seeing it unrenewed this long.
     pub duration_seconds: u32,
-    /// How often the holder renews and a candidate retries.
+    /// How often the holder renews and a candidate retries (client-go's `RetryPeriod`).
     pub renew_seconds: f64,
+    /// The holder stops acting when it has not renewed for this long (client-go's
+    /// `RenewDeadline`); below `durationSeconds`, so it stops before anyone can take over.
+    pub renew_deadline_seconds: f64,
 }
 
 impl Default for ControllerConfig {
@@ -90,7 +94,13 @@ impl Default for TrainingProtection {
 
 impl Default for LeaseConfig {
     fn default() -> Self {
-        Self { name: "gpuscale-controller".into(), duration_seconds: 15, renew_seconds: 5.0 }
+        // client-go's defaults (LeaseDuration 15 s, RenewDeadline 10 s, RetryPeriod 2 s).
+        Self {
+            name: "gpuscale-controller".into(),
+            duration_seconds: 15,
+            renew_seconds: 2.0,
+            renew_deadline_seconds: 10.0,
+        }
     }
 }
 
@@ -119,6 +129,7 @@ impl ControllerConfig {
             ("registrationTimeoutSeconds", self.registration_timeout_seconds),
             ("gangTimeoutSeconds", self.gang_timeout_seconds),
             ("lease.renewSeconds", self.lease.renew_seconds),
+            ("lease.renewDeadlineSeconds", self.lease.renew_deadline_seconds),
         ];
         for (field, v) in fields {
             if !v.is_finite() || v < 0.0 {
@@ -136,13 +147,26 @@ impl ControllerConfig {
                 format!("must not be below batchIdleSeconds ({})", self.batch_idle_seconds),
             ));
         }
-        if self.lease.renew_seconds <= 0.0
-            || self.lease.renew_seconds >= f64::from(self.lease.duration_seconds)
-        {
+        // client-go's checks: LeaseDuration > RenewDeadline > 1.2 * RetryPeriod.
+        let l = &self.lease;
+        if l.renew_seconds <= 0.0 || l.renew_seconds * 1.2 >= l.renew_deadline_seconds {
             out.push((
                 "controller.lease.renewSeconds".into(),
-                self.lease.renew_seconds.to_string(),
-                format!("must be above 0 and below lease.durationSeconds ({})", self.lease.duration_seconds),
+                l.renew_seconds.to_string(),
+                format!(
+                    "must be above 0 and 1.2 times it below lease.renewDeadlineSeconds ({})",
+                    l.renew_deadline_seconds
+                ),
+            ));
+        }
+        if l.renew_deadline_seconds >= f64::from(l.duration_seconds) {
+            out.push((
+                "controller.lease.renewDeadlineSeconds".into(),
+                l.renew_deadline_seconds.to_string(),
+                format!(
+                    "must be below lease.durationSeconds ({}): the holder must stop acting before the Lease can be taken over",
+                    l.duration_seconds
+                ),
             ));
         }
         out
@@ -159,7 +183,7 @@ mod tests {
         let p = Path::new("gpuscale.yaml");
         let c = GpuscaleConfig::parse(
             p,
-            "controller:\n  batchIdleSeconds: 0.5\n  lease: {durationSeconds: 30, renewSeconds: 10}\n  training: {minRuntimeSeconds: 0}\n",
+            "controller:\n  batchIdleSeconds: 0.5\n  lease: {durationSeconds: 30, renewSeconds: 10, renewDeadlineSeconds: 20}\n  training: {minRuntimeSeconds: 0}\n",
         )
         .unwrap();
         assert_eq!(c.controller.batch_idle_seconds, 0.5);
@@ -167,10 +191,20 @@ mod tests {
         assert_eq!(c.controller.lease.duration_seconds, 30);
         assert_eq!(c.controller.lease.name, "gpuscale-controller");
         assert_eq!(c.controller.training.min_runtime_seconds, 0.0);
-        let e = GpuscaleConfig::parse(p, "controller:\n  lease: {durationSeconds: 5, renewSeconds: 5}\n")
+        let e = GpuscaleConfig::parse(p, "controller:\n  lease: {durationSeconds: 15, renewSeconds: 9}\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("gpuscale.yaml") && e.contains("controller.lease.renewSeconds = 5"), "{e}");
+        assert!(e.contains("gpuscale.yaml") && e.contains("controller.lease.renewSeconds = 9"), "{e}");
+        // The holder must stop before a takeover: renew deadline below the lease duration.
+        let e = GpuscaleConfig::parse(
+            p,
+            "controller:\n  lease: {durationSeconds: 10, renewDeadlineSeconds: 10}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("controller.lease.renewDeadlineSeconds = 10"), "{e}");
+        let d = super::LeaseConfig::default();
+        assert_eq!((d.duration_seconds, d.renew_deadline_seconds, d.renew_seconds), (15, 10.0, 2.0));
         let e = GpuscaleConfig::parse(p, "controller:\n  drainGraceCap: 5\n").unwrap_err().to_string();
         assert!(e.contains("drainGraceCap"), "{e}");
     }

@@ -4,7 +4,16 @@
 //! `renewTime` every few seconds; a candidate takes the Lease only once it has seen the same
 //! record unchanged for `leaseDurationSeconds` (measured on its own clock, so clock skew between
 //! replicas does not matter), and every write carries the `resourceVersion` it read, so of two
-//! candidates only one write succeeds. A holder that fails to renew steps down at once.
+//! candidates only one write succeeds.
+//!
+//! The holder stops acting before anyone can take the Lease over, as client-go's leader election
+//! does: a renewal round that began at `t` and succeeded lets it act until `t + renewDeadline`,
+//! which is shorter than `leaseDurationSeconds`, the earliest another replica may take over
+//! (counted from after our write). Rounds run every `retryPeriod`; a failed round keeps the claim
+//! until its deadline lapses, and a round that finds another holder or loses a write race ends it
+//! at once. The claim is published as a [`Fence`]: every background task checks
+//! [`Fence::holds`] immediately before each cloud or API write and stops when it turns false,
+//! whether or not the election loop has run since (a hung renewal cannot extend it).
 //!
 //! [`decide`] is the pure decision; [`LeaderElector`] is the adapter that reads and writes the
 //! Lease.
@@ -80,7 +89,7 @@ pub fn decide(
 }
 
 #[cfg(feature = "controller")]
-pub use adapter::{LeaderElector, LeaderError};
+pub use adapter::{Fence, LeaderElector, LeaderError, NotLeading};
 
 #[cfg(feature = "controller")]
 mod adapter {
@@ -92,6 +101,62 @@ mod adapter {
     use std::time::Duration;
     use thiserror::Error;
     use tokio::sync::watch;
+    use tokio::time::Instant;
+
+    /// A write was not issued because this replica does not hold the Lease (any more).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+    #[error("not issued: this replica does not hold the leader Lease")]
+    pub struct NotLeading;
+
+    /// The fencing token: until when this replica may act (`None`: it may not). Cheap to clone;
+    /// every task that writes holds one and checks it immediately before each write.
+    #[derive(Debug, Clone)]
+    pub struct Fence {
+        rx: watch::Receiver<Option<Instant>>,
+    }
+
+    impl Fence {
+        /// A fence and the sender the elector publishes its claim on.
+        pub fn channel() -> (watch::Sender<Option<Instant>>, Fence) {
+            let (tx, rx) = watch::channel(None);
+            (tx, Fence { rx })
+        }
+
+        /// Whether this replica may act now: it holds a claim whose renew deadline has not passed.
+        pub fn holds(&self) -> bool {
+            self.rx.borrow().is_some_and(|until| Instant::now() < until)
+        }
+
+        /// `Ok` when [`Fence::holds`], else [`NotLeading`]: the check before a write.
+        pub fn check(&self) -> Result<(), NotLeading> {
+            if self.holds() {
+                Ok(())
+            } else {
+                Err(NotLeading)
+            }
+        }
+
+        /// Resolves once this replica may no longer act (at once if it may not now).
+        pub async fn lost(&self) {
+            let mut rx = self.rx.clone();
+            loop {
+                let until = *rx.borrow_and_update();
+                let Some(until) = until else { return };
+                if Instant::now() >= until {
+                    return;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => return,
+                    r = rx.changed() => if r.is_err() { return },
+                }
+            }
+        }
+
+        /// Waits for the next change of the claim (`Err` when the elector is gone).
+        pub async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
+            self.rx.changed().await
+        }
+    }
 
     /// A Lease call failed for another reason than losing a race.
     #[derive(Debug, Error)]
@@ -240,38 +305,90 @@ mod adapter {
             }
         }
 
-        /// Runs election rounds every `renew` until `shutdown` turns true, publishing whether we
-        /// lead on `leading`. Any failed renewal steps down immediately. Releases the Lease on
-        /// shutdown.
+        /// Runs election rounds every `retry` until `shutdown` turns true, publishing on `claim`
+        /// until when we may act (client-go's `RetryPeriod` and `RenewDeadline`): a round that
+        /// starts at `t` and succeeds extends the claim to `t + renew_deadline`; a round that
+        /// sees another holder or loses a race ends it; a failed or hung round (each is cut off
+        /// at `renew_deadline`) leaves it to lapse. Releases the Lease on shutdown.
         pub async fn run(
             mut self,
-            renew: Duration,
-            leading: watch::Sender<bool>,
+            retry: Duration,
+            renew_deadline: Duration,
+            claim: watch::Sender<Option<Instant>>,
             mut shutdown: watch::Receiver<bool>,
         ) {
+            let mut until: Option<Instant> = None;
             loop {
-                let now = Timestamp::now();
-                let lead = match self.try_acquire_or_renew(now).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "leader election round failed; not leading");
-                        false
-                    }
-                };
-                if *leading.borrow() != lead {
-                    tracing::info!(identity = %self.identity, leading = lead, "leadership changed");
+                let started = Instant::now();
+                let round = tokio::time::timeout(renew_deadline, self.try_acquire_or_renew(Timestamp::now()));
+                match round.await {
+                    Ok(Ok(true)) => until = Some(started + renew_deadline),
+                    Ok(Ok(false)) => until = None,
+                    Ok(Err(e)) => tracing::warn!(error = %e, "leader election round failed"),
+                    Err(_) => tracing::warn!(?renew_deadline, "leader election round timed out"),
                 }
-                leading.send_replace(lead);
+                if until.is_some_and(|u| Instant::now() >= u) {
+                    tracing::warn!(identity = %self.identity, ?renew_deadline, "the lease was not renewed within the renew deadline");
+                    until = None;
+                }
+                let was = claim.borrow().is_some_and(|u| started < u);
+                if was != until.is_some() {
+                    tracing::info!(identity = %self.identity, leading = until.is_some(), "leadership changed");
+                }
+                claim.send_replace(until);
+                // Wake at the deadline too, so a lapse is published even while rounds fail.
+                let next = (Instant::now() + retry).min(until.unwrap_or(Instant::now() + retry));
                 tokio::select! {
-                    _ = tokio::time::sleep(renew) => {}
+                    _ = tokio::time::sleep_until(next) => {}
                     _ = shutdown.wait_for(|s| *s) => break,
                 }
             }
-            leading.send_replace(false);
+            claim.send_replace(None);
             if let Err(e) = self.release().await {
                 tracing::warn!(error = %e, "releasing the lease failed");
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "controller"))]
+mod fence_tests {
+    use super::Fence;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_holds_until_its_renew_deadline_even_if_nobody_publishes_again() {
+        let (claim, fence) = Fence::channel();
+        assert!(!fence.holds(), "no claim yet");
+        claim.send_replace(Some(Instant::now() + Duration::from_secs(10)));
+        assert!(fence.holds());
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(fence.holds());
+        // The elector is stuck (a hung renewal): the claim lapses by itself.
+        let started = Instant::now();
+        fence.lost().await;
+        assert_eq!(Instant::now() - started, Duration::from_millis(1));
+        assert!(!fence.holds());
+        assert!(fence.check().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_withdrawn_ends_at_once() {
+        let (claim, fence) = Fence::channel();
+        claim.send_replace(Some(Instant::now() + Duration::from_secs(10)));
+        let waiter = tokio::spawn({
+            let fence = fence.clone();
+            async move {
+                fence.lost().await;
+                Instant::now()
+            }
+        });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let at = Instant::now();
+        claim.send_replace(None);
+        assert_eq!(waiter.await.unwrap(), at, "lost as soon as the claim is withdrawn");
+        assert!(!fence.holds());
     }
 }
 

@@ -38,8 +38,8 @@ pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
     rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
 ];
 
-/// What the controller needs in its own namespace (Role): the leader-election Lease and the
-/// status ConfigMaps. Provider and gpuscale config files come as a mounted ConfigMap volume, so
+/// What the controller needs in its own namespace (Role): the leader-election Lease, the
+/// status ConfigMaps and the gang scale-ups in progress (ConfigMap `<lease name>-gangs`). Provider and gpuscale config files come as a mounted ConfigMap volume, so
 /// no read access to other ConfigMaps or Secrets is needed.
 pub const CONTROLLER_NAMESPACE_RULES: &[Rule] = &[
     rule(&["coordination.k8s.io"], &["leases"], &["get", "create", "update"]),

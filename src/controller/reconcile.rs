@@ -12,7 +12,7 @@ use super::actuate::{ApiError, Eviction, KubeActuator};
 use super::batch::{BatchState, Batcher};
 use super::config::{secs, ControllerConfig};
 use super::drain::{self, DrainOutcome};
-use super::leader::LeaderElector;
+use super::leader::{Fence, LeaderElector};
 use super::providers::ProviderSet;
 use super::readiness::{self, Readiness};
 use super::snapshot::{self, ClusterView};
@@ -20,7 +20,7 @@ use super::Observer;
 use crate::k8s::SnapshotError;
 use crate::model::{ErrorClass, InstanceState, NodeGroup, NodeState, OwnerKind, Workload};
 use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
-use crate::providers::gang::{scale_up_gang, GangOutcome, GroupGrowth};
+use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
 use crate::scheduler::fit;
 use futures::StreamExt;
@@ -149,6 +149,10 @@ pub struct Controller {
     options: ControllerOptions,
     observer: Arc<dyn Observer>,
     actuator: KubeActuator,
+    /// Whether this replica may act now; checked before every write.
+    fence: Fence,
+    /// Where the elector publishes the claim behind `fence`.
+    claim: Option<watch::Sender<Option<tokio::time::Instant>>>,
 }
 
 /// Aborts spawned tasks when dropped, so a cancelled controller leaves nothing running.
@@ -179,6 +183,8 @@ struct LoopState {
     first_seen: BTreeMap<String, Timestamp>,
     unneeded_since: BTreeMap<String, Timestamp>,
     gangs_in_flight: Arc<Mutex<BTreeSet<String>>>,
+    /// Whether this leadership term has resumed the gang scale-ups recorded by earlier leaders.
+    gangs_resumed: bool,
     /// Pods this process evicted, and when: the pod watch may not have shown their deletion by
     /// the next pass, and a second eviction of a terminating pod is wasted (the real API answers
     /// 201 again). Lost on restart, which only costs one repeated eviction.
@@ -240,8 +246,9 @@ impl Controller {
         options: ControllerOptions,
         observer: Arc<dyn Observer>,
     ) -> Self {
-        let actuator = KubeActuator::new(client.clone());
-        Self { client, providers, options, observer, actuator }
+        let (claim, fence) = Fence::channel();
+        let actuator = KubeActuator::new(client.clone(), fence.clone());
+        Self { client, providers, options, observer, actuator, fence, claim: Some(claim) }
     }
 
     /// Runs until `shutdown` turns true. Dropping the future stops everything it started (as a
@@ -362,10 +369,11 @@ impl Controller {
 
         // A dry-run replica acts on nothing, so it does not take part in the election (holding the
         // Lease would stop the acting controller): it plans every pass.
-        let (lead_tx, mut lead_rx) = watch::channel(false);
+        let claim = self.claim.take().expect("run is called once");
+        let mut lead_rx = self.fence.clone();
         let (elector_stop_tx, elector_stop_rx) = watch::channel(false);
         let (elector_task, _never_leading) = if self.options.dry_run {
-            (None, Some(lead_tx))
+            (None, Some(claim))
         } else {
             let elector = LeaderElector::new(
                 self.client.clone(),
@@ -374,7 +382,13 @@ impl Controller {
                 &self.options.identity,
                 Duration::from_secs(u64::from(cfg.lease.duration_seconds)),
             );
-            (Some(tokio::spawn(elector.run(secs(cfg.lease.renew_seconds), lead_tx, elector_stop_rx))), None)
+            let run = elector.run(
+                secs(cfg.lease.renew_seconds),
+                secs(cfg.lease.renew_deadline_seconds),
+                claim,
+                elector_stop_rx,
+            );
+            (Some(tokio::spawn(run)), None)
         };
 
         let mut state = LoopState {
@@ -382,8 +396,10 @@ impl Controller {
             first_seen: BTreeMap::new(),
             unneeded_since: BTreeMap::new(),
             gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
+            gangs_resumed: false,
             evicted_at: BTreeMap::new(),
         };
+        let mut was_leading = false;
         let mut last_tick = Instant::now();
         let mut next_pass = Instant::now();
         let mut batch_close: Option<Instant> = None;
@@ -394,11 +410,19 @@ impl Controller {
                 _ = tokio::time::sleep_until(wake.into()) => {}
                 r = lead_rx.changed() => {
                     if r.is_err() { break; }
-                    let leader = *lead_rx.borrow();
-                    self.observer.leadership(leader);
-                    if leader { next_pass = Instant::now(); }
                 }
                 _ = shutdown.wait_for(|s| *s) => break,
+            }
+            let leader = self.fence.holds();
+            if leader != was_leading {
+                was_leading = leader;
+                self.observer.leadership(leader);
+                if leader {
+                    next_pass = Instant::now();
+                } else {
+                    // The next term resumes whatever gang scale-ups are recorded then.
+                    state.gangs_resumed = false;
+                }
             }
             let tick = Instant::now();
             if self.options.drive_simulated_clock {
@@ -418,15 +442,19 @@ impl Controller {
                 BatchState::Ready => true,
                 BatchState::Idle => tick >= next_pass,
             };
-            if !run_pass || !(self.options.dry_run || *lead_rx.borrow()) {
+            if !run_pass || !(self.options.dry_run || leader) {
                 if tick >= next_pass {
                     next_pass = tick + secs(cfg.resync_seconds);
                 }
                 continue;
             }
             state.batcher.close();
-            let busy = match self.reconcile_once(&stores, &mut state, &lead_rx, now).await {
+            let busy = match self.reconcile_once(&stores, &mut state, now).await {
                 Ok(busy) => busy,
+                Err(ControllerError::Api(e)) if e.is_not_leading() => {
+                    tracing::info!(error = %e, "leadership lost mid-pass; stopped acting");
+                    true
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "reconcile failed; retrying at the next pass");
                     true
@@ -443,8 +471,13 @@ impl Controller {
         Ok(())
     }
 
-    fn leading(lead: &watch::Receiver<bool>) -> bool {
-        *lead.borrow()
+    fn leading(&self) -> bool {
+        self.fence.holds()
+    }
+
+    /// Name of the ConfigMap that holds the gang scale-ups in progress.
+    fn gang_config_map(&self) -> String {
+        format!("{}-gangs", self.options.config.lease.name)
     }
 
     /// One pass; returns whether work is in progress (drains, instances waiting), so the next
@@ -453,7 +486,6 @@ impl Controller {
         &mut self,
         stores: &Stores,
         state: &mut LoopState,
-        lead: &watch::Receiver<bool>,
         now: Timestamp,
     ) -> Result<bool, ControllerError> {
         let started = Instant::now();
@@ -521,7 +553,7 @@ impl Controller {
             !view.drains.is_empty() || groups.iter().any(|g| g.instances.len() as u32 != g.target_size);
         if !dry {
             for s in &stuck {
-                if !Self::leading(lead) {
+                if !self.leading() {
                     return Ok(busy);
                 }
                 self.remove_stuck(s).await;
@@ -537,19 +569,27 @@ impl Controller {
         let settings = PlannerSettings { now: Some(now.as_second()), ..self.options.planner.clone() };
         let plan = planner::plan(&input, &settings);
         self.observer.plan_computed(&plan, &view.snapshot, dry, started.elapsed());
-        if dry || !Self::leading(lead) {
+        if dry || !self.leading() {
             return Ok(busy);
         }
-        self.scale_up(&plan, &view, state).await;
-        self.replace(&plan, &mut view, &groups, state, lead, now).await?;
+        if !state.gangs_resumed {
+            self.resume_gangs(state, now).await?;
+            state.gangs_resumed = true;
+        }
+        busy |= !state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        self.scale_up(&plan, &view, state, now).await;
+        self.replace(&plan, &mut view, &groups, state, now).await?;
         busy |= !view.replacing.is_empty();
-        busy |= self.drain(&plan, &mut view, &groups, state, lead, now).await?;
+        busy |= self.drain(&plan, &mut view, &groups, state, now).await?;
         Ok(busy)
     }
 
     async fn remove_stuck(&self, s: &readiness::Stuck) {
         let Some(provider) = self.providers.provider_of(&s.group) else { return };
         tracing::warn!(group = %s.group, instance = %s.instance, reason = %s.reason, "removing an instance whose node did not come");
+        if !self.leading() {
+            return;
+        }
         match provider.delete_instances(&s.group, std::slice::from_ref(&s.instance)).await {
             Ok(()) | Err(ProviderError::InstanceNotFound { .. }) => {}
             Err(e) => {
@@ -568,7 +608,7 @@ impl Controller {
     }
 
     /// Raises group targets; groups with gang members grow all-or-nothing in a background task.
-    async fn scale_up(&self, plan: &Plan, view: &ClusterView, state: &mut LoopState) {
+    async fn scale_up(&self, plan: &Plan, view: &ClusterView, state: &mut LoopState, now: Timestamp) {
         let gang_of: BTreeMap<&str, &str> = view
             .snapshot
             .workloads
@@ -586,6 +626,9 @@ impl Controller {
                 tracing::info!(group = %su.group, "gang scale-up of the group still in progress; not raising it again");
                 continue;
             }
+            if !self.leading() {
+                return;
+            }
             if gangs.is_empty() {
                 match provider.set_target_size(&su.group, su.to).await {
                     Ok(()) => self.observer.scaled_up(&su.group, su.from, su.to, &su.pods),
@@ -599,34 +642,111 @@ impl Controller {
                 }
                 continue;
             }
-            // Gang: raise and wait for every new instance to run, or roll back.
-            self.observer.scaled_up(&su.group, su.from, su.to, &su.pods);
-            state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(su.group.clone());
-            let providers = self.providers.clone();
-            let observer = self.observer.clone();
-            let in_flight = state.gangs_in_flight.clone();
+            // Gang: record it (so the next leader can finish it), raise and wait for every new
+            // instance to run, or roll back; fenced throughout.
             let growth = vec![GroupGrowth { group: su.group.clone(), to: su.to }];
             let timeout = secs(self.options.config.gang_timeout_seconds);
-            let gang_names: Vec<String> = gangs.iter().map(|g| g.to_string()).collect();
-            tokio::spawn(async move {
-                let group = growth[0].group.clone();
-                if let Some(provider) = providers.provider_of(&group) {
-                    let poll = Duration::from_secs(2).min(timeout.max(Duration::from_millis(100)));
-                    match scale_up_gang(provider, &growth, timeout, poll, tokio::time::sleep).await {
-                        Ok(GangOutcome::Ready { .. }) => {
-                            tracing::info!(%group, gangs = ?gang_names, "gang capacity is running")
-                        }
-                        Ok(GangOutcome::RolledBack { reason, .. }) => {
-                            observer.scale_up_failed(&group, &reason);
-                            provider.record_scale_up_failure(&group, ErrorClass::OutOfCapacity);
-                            observer.backoff(&group, &reason);
-                        }
-                        Err(e) => observer.scale_up_failed(&group, &e.to_string()),
-                    }
+            let record = match prepare_gang(provider, &growth, timeout, now.as_second()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.observer.scale_up_failed(&su.group, &e.to_string());
+                    continue;
                 }
-                in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&group);
-            });
+            };
+            let key = crate::controller::actuate::gang_key(&su.group);
+            let (ns, cm) = (self.options.namespace.clone(), self.gang_config_map());
+            if let Err(e) = self.actuator.put_gang_record(&ns, &cm, &key, Some(&record)).await {
+                self.observer.scale_up_failed(&su.group, &format!("recording the gang scale-up: {e}"));
+                continue;
+            }
+            self.observer.scaled_up(&su.group, su.from, su.to, &su.pods);
+            let gang_names: Vec<String> = gangs.iter().map(|g| g.to_string()).collect();
+            tracing::info!(group = %su.group, gangs = ?gang_names, "gang scale-up started");
+            self.spawn_gang(state, key, record, true, timeout);
         }
+    }
+
+    /// Gang scale-ups another leader recorded and did not finish: each is resumed (never raised
+    /// again) for what is left of its timeout, then kept or rolled back.
+    async fn resume_gangs(&self, state: &mut LoopState, now: Timestamp) -> Result<(), ControllerError> {
+        let (ns, cm) = (self.options.namespace.clone(), self.gang_config_map());
+        let records = self.actuator.gang_records(&ns, &cm).await?;
+        for (key, record) in records {
+            let Some(group) = record.groups.first().map(|g| g.group.clone()) else { continue };
+            if state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).contains(&group) {
+                continue;
+            }
+            let deadline = record.started_unix as f64 + record.timeout_seconds;
+            let remaining = secs(deadline - now.as_second() as f64);
+            tracing::info!(%group, ?remaining, rolling_back = record.rolling_back, "resuming a gang scale-up a previous leader started");
+            self.spawn_gang(state, key, record, false, remaining);
+        }
+        Ok(())
+    }
+
+    /// Runs (or resumes) a recorded gang scale-up in the background, fenced: it stops at once when
+    /// leadership is lost, leaving its record for the next leader; its end removes the record.
+    fn spawn_gang(
+        &self,
+        state: &mut LoopState,
+        key: String,
+        record: GangRecord,
+        raise: bool,
+        timeout: Duration,
+    ) {
+        let Some(group) = record.groups.first().map(|g| g.group.clone()) else { return };
+        state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(group.clone());
+        let providers = self.providers.clone();
+        let observer = self.observer.clone();
+        let in_flight = state.gangs_in_flight.clone();
+        let fence = self.fence.clone();
+        let actuator = self.actuator.clone();
+        let (ns, cm) = (self.options.namespace.clone(), self.gang_config_map());
+        let poll = Duration::from_secs(2)
+            .min(secs(self.options.config.gang_timeout_seconds).max(Duration::from_millis(100)));
+        tokio::spawn(async move {
+            let work = async {
+                // Groups are learnt on refresh; a resumed gang may come before any.
+                if providers.provider_of(&group).is_none() {
+                    providers.refresh().await;
+                }
+                let Some(provider) = providers.provider_of(&group) else {
+                    tracing::warn!(%group, "no configured account owns the gang's group");
+                    return;
+                };
+                let may_write = || fence.holds();
+                let mark = |r: &GangRecord| {
+                    let r = GangRecord { rolling_back: true, ..r.clone() };
+                    let (actuator, ns, cm, key) = (actuator.clone(), ns.clone(), cm.clone(), key.clone());
+                    async move { actuator.put_gang_record(&ns, &cm, &key, Some(&r)).await.is_ok() }
+                };
+                let outcome = if raise {
+                    run_gang(provider, &record, true, timeout, poll, tokio::time::sleep, may_write, mark)
+                        .await
+                } else {
+                    resume_gang(provider, &record, timeout, poll, tokio::time::sleep, may_write, mark).await
+                };
+                match outcome {
+                    Ok(GangOutcome::Stopped { .. }) => return,
+                    Ok(GangOutcome::Ready { .. }) => tracing::info!(%group, "gang capacity is running"),
+                    Ok(GangOutcome::RolledBack { reason, .. }) => {
+                        observer.scale_up_failed(&group, &reason);
+                        provider.record_scale_up_failure(&group, ErrorClass::OutOfCapacity);
+                        observer.backoff(&group, &reason);
+                    }
+                    Err(e) => observer.scale_up_failed(&group, &e.to_string()),
+                }
+                if let Err(e) = actuator.put_gang_record(&ns, &cm, &key, None).await {
+                    tracing::warn!(%group, error = %e, "removing the gang record failed; the next leader resumes it");
+                }
+            };
+            // Leadership lost mid-wait: stop now, not at the next write.
+            tokio::select! {
+                _ = work => {}
+                _ = fence.lost() => tracing::info!(%group, "leadership lost: the gang scale-up stops; the next leader finishes it"),
+            }
+            in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&group);
+        });
     }
 
     /// Consolidation: a node the plan replaces by a cheaper one, replaceable for the unneeded time,
@@ -640,7 +760,6 @@ impl Controller {
         view: &mut ClusterView,
         groups: &[NodeGroup],
         state: &LoopState,
-        lead: &watch::Receiver<bool>,
         now: Timestamp,
     ) -> Result<(), ControllerError> {
         let cfg = &self.options.config;
@@ -648,7 +767,7 @@ impl Controller {
         let in_progress: Vec<(String, drain::ReplaceMarks)> =
             view.replacing.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
         for (node, marks) in in_progress {
-            if view.drains.contains_key(&node) || !Self::leading(lead) {
+            if view.drains.contains_key(&node) || !self.leading() {
                 continue;
             }
             let Some(gi) = groups.iter().position(|g| g.id == marks.group) else {
@@ -672,7 +791,7 @@ impl Controller {
                 view.replacing.remove(&node);
             } else if groups[gi].target_size < marks.target {
                 // Marked but not raised (a restart in between): raise now.
-                if let Some(provider) = self.providers.provider_of(&marks.group) {
+                if let Some(provider) = self.providers.provider_of(&marks.group).filter(|_| self.leading()) {
                     if let Err(e) = provider.set_target_size(&marks.group, marks.target).await {
                         self.observer.scale_up_failed(&marks.group, &e.to_string());
                     }
@@ -689,7 +808,7 @@ impl Controller {
             });
             let Some(g) = groups.iter().find(|g| g.id == r.replacement_group) else { continue };
             let Some(provider) = self.providers.provider_of(&g.id) else { continue };
-            if !due || !Self::leading(lead) {
+            if !due || !self.leading() {
                 continue;
             }
             // Above the group's target and any replacement already requested from it.
@@ -700,6 +819,9 @@ impl Controller {
             }
             let marks = drain::ReplaceMarks { group: g.id.clone(), target, requested_at: now };
             view.replacing.insert(r.node.clone(), marks);
+            if !self.leading() {
+                return Ok(());
+            }
             match provider.set_target_size(&g.id, target).await {
                 Ok(()) => {
                     self.observer.replacement_requested(&r.node, &g.id, g.target_size, target);
@@ -722,7 +844,6 @@ impl Controller {
         view: &mut ClusterView,
         groups: &[NodeGroup],
         state: &mut LoopState,
-        lead: &watch::Receiver<bool>,
         now: Timestamp,
     ) -> Result<bool, ControllerError> {
         let cfg = &self.options.config;
@@ -757,7 +878,7 @@ impl Controller {
             if now.duration_since(since).unsigned_abs() < secs(cfg.scale_down_unneeded_seconds) {
                 continue;
             }
-            if !Self::leading(lead) {
+            if !self.leading() {
                 return Ok(true);
             }
             if self.actuator.start_drain(node, reason, now).await? {
@@ -777,7 +898,7 @@ impl Controller {
         let drains: Vec<(String, drain::DrainMarks)> =
             view.drains.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
         for (node, marks) in drains {
-            if !Self::leading(lead) {
+            if !self.leading() {
                 return Ok(true);
             }
             let pods = view.pods_by_node.get(&node).cloned().unwrap_or_default();
@@ -791,7 +912,7 @@ impl Controller {
             }
             state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
             for id in &step.evict {
-                if !Self::leading(lead) {
+                if !self.leading() {
                     return Ok(true);
                 }
                 if state.evicted_at.contains_key(id) {
@@ -849,6 +970,9 @@ impl Controller {
             .any(|i| i.id == instance && matches!(i.state, InstanceState::Pending | InstanceState::Running));
         if !live {
             self.actuator.delete_node(node).await?;
+            return Ok(());
+        }
+        if !self.leading() {
             return Ok(());
         }
         match provider.delete_instances(&group.id, std::slice::from_ref(&instance)).await {

@@ -5,9 +5,17 @@
 //! grow groups independently and leave the launched part of a gang idle when the rest does not
 //! come (a zone out of H100s). Targets are absolute and the instances to roll back are found by
 //! difference with the instances that existed before, so a retried call does not double anything.
+//!
+//! A scale-up is fenced: `may_write` is asked immediately before every cloud write, and once it
+//! answers false the scale-up stops where it is ([`GangOutcome::Stopped`]) and writes nothing
+//! more. What it needs to be finished by someone else is a [`GangRecord`] (the instances that
+//! existed before, the old and new targets, the start time), which the controller keeps in the
+//! API server so that the next leader [resumes](resume_gang) it: waits out the rest of the
+//! timeout and either keeps the gang or rolls it back, once.
 
 use super::{CloudProvider, ProviderError};
 use crate::model::InstanceState;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
@@ -36,6 +44,65 @@ pub enum GangOutcome {
         /// Instances deleted, per group.
         deleted: BTreeMap<String, Vec<String>>,
     },
+    /// `may_write` turned false (leadership lost): nothing more was written; whoever holds the
+    /// [`GangRecord`] finishes it.
+    Stopped {
+        /// The write that was not issued.
+        before: String,
+    },
+}
+
+/// One group of a gang scale-up as it was before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GangGroupRecord {
+    /// Node group id.
+    pub group: String,
+    /// Target before the scale-up (restored by a rollback).
+    pub old_target: u32,
+    /// New target.
+    pub to: u32,
+    /// Instances that existed before (never rolled back).
+    pub existing: BTreeSet<String>,
+}
+
+/// What a gang scale-up needs to be finished or rolled back by another process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GangRecord {
+    /// The groups.
+    pub groups: Vec<GangGroupRecord>,
+    /// Unix time (seconds) the scale-up started; it rolls back `timeout` after.
+    pub started_unix: i64,
+    /// Seconds the gang has to run.
+    pub timeout_seconds: f64,
+    /// Set once the rollback began: whoever resumes goes straight to it.
+    #[serde(default)]
+    pub rolling_back: bool,
+}
+
+/// Reads the groups of `growths` once and records how they are before the scale-up.
+pub async fn prepare_gang<P: CloudProvider>(
+    provider: &P,
+    growths: &[GroupGrowth],
+    timeout: Duration,
+    started_unix: i64,
+) -> Result<GangRecord, ProviderError> {
+    let before = provider.refresh().await?;
+    let mut groups = Vec::new();
+    for g in growths {
+        let group = before
+            .iter()
+            .find(|x| x.id == g.group)
+            .ok_or_else(|| ProviderError::GroupNotFound(g.group.clone()))?;
+        groups.push(GangGroupRecord {
+            group: g.group.clone(),
+            old_target: group.target_size,
+            to: g.to,
+            existing: group.instances.iter().map(|i| i.id.clone()).collect(),
+        });
+    }
+    Ok(GangRecord { groups, started_unix, timeout_seconds: timeout.as_secs_f64(), rolling_back: false })
 }
 
 /// Grows all `growths` together and waits up to `timeout` (polling every `poll` through `sleep`)
@@ -45,30 +112,77 @@ pub async fn scale_up_gang<P, S, F>(
     growths: &[GroupGrowth],
     timeout: Duration,
     poll: Duration,
-    mut sleep: S,
+    sleep: S,
 ) -> Result<GangOutcome, ProviderError>
 where
     P: CloudProvider,
     S: FnMut(Duration) -> F,
     F: Future<Output = ()>,
 {
-    let before = provider.refresh().await?;
-    let mut existing: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    let mut old_target: BTreeMap<&str, u32> = BTreeMap::new();
-    for g in growths {
-        let group = before
-            .iter()
-            .find(|x| x.id == g.group)
-            .ok_or_else(|| ProviderError::GroupNotFound(g.group.clone()))?;
-        existing.insert(&g.group, group.instances.iter().map(|i| i.id.clone()).collect());
-        old_target.insert(&g.group, group.target_size);
-    }
-    let mut raised = Vec::new();
+    let record = prepare_gang(provider, growths, timeout, 0).await?;
+    run_gang(provider, &record, true, timeout, poll, sleep, || true, |_| async { true }).await
+}
+
+/// Finishes a gang scale-up another process started from its `record`, with `remaining` of its
+/// timeout left: never raises a target; waits for the new instances, then keeps the gang or
+/// rolls it back. Fenced like [`run_gang`].
+pub async fn resume_gang<P, S, F, W, M, MF>(
+    provider: &P,
+    record: &GangRecord,
+    remaining: Duration,
+    poll: Duration,
+    sleep: S,
+    may_write: W,
+    mark_rolling_back: M,
+) -> Result<GangOutcome, ProviderError>
+where
+    P: CloudProvider,
+    S: FnMut(Duration) -> F,
+    F: Future<Output = ()>,
+    W: Fn() -> bool,
+    M: FnOnce(&GangRecord) -> MF,
+    MF: Future<Output = bool>,
+{
+    run_gang(provider, record, false, remaining, poll, sleep, may_write, mark_rolling_back).await
+}
+
+/// Raises every group of `record` to its target (when `raise`), waits up to `timeout` for the new
+/// instances to run, and otherwise rolls back: calls `mark_rolling_back` (which persists the
+/// record with `rolling_back` set; false stops), deletes every new instance and restores the
+/// old targets. `may_write` is asked immediately before every cloud write; once false, nothing
+/// more is written and the outcome is [`GangOutcome::Stopped`].
+#[allow(clippy::too_many_arguments)]
+pub async fn run_gang<P, S, F, W, M, MF>(
+    provider: &P,
+    record: &GangRecord,
+    raise: bool,
+    timeout: Duration,
+    poll: Duration,
+    mut sleep: S,
+    may_write: W,
+    mark_rolling_back: M,
+) -> Result<GangOutcome, ProviderError>
+where
+    P: CloudProvider,
+    S: FnMut(Duration) -> F,
+    F: Future<Output = ()>,
+    W: Fn() -> bool,
+    M: FnOnce(&GangRecord) -> MF,
+    MF: Future<Output = bool>,
+{
+    let stopped = |before: String| {
+        tracing::warn!(%before, "leadership lost: the gang scale-up stops here; the next leader finishes it");
+        Ok(GangOutcome::Stopped { before })
+    };
     let mut failure: Option<String> = None;
-    for g in growths {
-        match provider.set_target_size(&g.group, g.to).await {
-            Ok(()) => raised.push(g),
-            Err(e) => {
+    if record.rolling_back {
+        failure = Some("resuming a rollback another leader began".into());
+    } else if raise {
+        for g in &record.groups {
+            if !may_write() {
+                return stopped(format!("raising {} to {}", g.group, g.to));
+            }
+            if let Err(e) = provider.set_target_size(&g.group, g.to).await {
                 failure = Some(format!("raising {} to {}: {e}", g.group, g.to));
                 break;
             }
@@ -79,15 +193,15 @@ where
         let now = provider.refresh().await?;
         let mut missing = Vec::new();
         let mut instances = BTreeMap::new();
-        for g in growths {
+        for g in &record.groups {
             let group = now
                 .iter()
                 .find(|x| x.id == g.group)
                 .ok_or_else(|| ProviderError::GroupNotFound(g.group.clone()))?;
             let new: Vec<&crate::model::Instance> =
-                group.instances.iter().filter(|i| !existing[g.group.as_str()].contains(&i.id)).collect();
+                group.instances.iter().filter(|i| !g.existing.contains(&i.id)).collect();
             let running = new.iter().filter(|i| i.state == InstanceState::Running).count() as u32;
-            let wanted = g.to.saturating_sub(old_target[g.group.as_str()]);
+            let wanted = g.to.saturating_sub(g.old_target);
             if running < wanted {
                 missing.push(format!("{}: {running}/{wanted} running", g.group));
             }
@@ -102,25 +216,41 @@ where
         }
         sleep(poll).await;
         waited += poll;
+        if !may_write() {
+            return stopped("waiting for the gang's instances".into());
+        }
     }
-    // Roll back every group we raised: delete what was launched, then restore the target.
+    // Roll back every group: delete what was launched, then restore the target (absolute, so a
+    // group that was never raised is left as it was).
     let reason = failure.unwrap_or_default();
+    if !may_write() {
+        return stopped("the rollback".into());
+    }
     tracing::warn!(%reason, "rolling back gang scale-up");
+    if !record.rolling_back && !mark_rolling_back(record).await {
+        return stopped("the rollback (its record could not be marked)".into());
+    }
     let now = provider.refresh().await?;
     let mut deleted = BTreeMap::new();
-    for g in raised {
+    for g in &record.groups {
         let Some(group) = now.iter().find(|x| x.id == g.group) else { continue };
         let launched: Vec<String> = group
             .instances
             .iter()
-            .filter(|i| !existing[g.group.as_str()].contains(&i.id))
+            .filter(|i| !g.existing.contains(&i.id))
             .filter(|i| !matches!(i.state, InstanceState::Terminating | InstanceState::Failed { .. }))
             .map(|i| i.id.clone())
             .collect();
         if !launched.is_empty() {
+            if !may_write() {
+                return stopped(format!("deleting {launched:?} of {}", g.group));
+            }
             provider.delete_instances(&g.group, &launched).await?;
         }
-        provider.set_target_size(&g.group, old_target[g.group.as_str()]).await?;
+        if !may_write() {
+            return stopped(format!("restoring {} to {}", g.group, g.old_target));
+        }
+        provider.set_target_size(&g.group, g.old_target).await?;
         deleted.insert(g.group.clone(), launched);
     }
     Ok(GangOutcome::RolledBack { reason, deleted })

@@ -212,6 +212,7 @@ pub fn fast_config() -> ControllerConfig {
         lease: gpuscale::controller::config::LeaseConfig {
             duration_seconds: 2,
             renew_seconds: 0.3,
+            renew_deadline_seconds: 1.4,
             ..d.lease
         },
         ..d

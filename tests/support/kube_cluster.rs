@@ -477,6 +477,24 @@ impl KubeCluster {
         spawn_replica(client, self.cloud.clone(), identity, config, planner, dry_run)
     }
 
+    /// Starts a controller replica like [`KubeCluster::controller`] whose API connection goes to
+    /// `url` instead (a proxy in front of the API server that a test can cut).
+    pub async fn controller_via(
+        &self,
+        url: &str,
+        identity: &str,
+        config: ControllerConfig,
+        planner: PlannerSettings,
+    ) -> Replica {
+        self.controller_client(identity, true).await;
+        let (path, _) = self.cp.service_account(LEASE_NAMESPACE, &format!("gpuscale-{identity}")).await;
+        let text = std::fs::read_to_string(&path).unwrap().replace(&self.cp.url, url);
+        let via = path.with_extension("via.kubeconfig");
+        std::fs::write(&via, text).unwrap();
+        let client = self.cp.client_from(&via, true).await;
+        spawn_replica(client, self.cloud.clone(), identity, config, planner, false)
+    }
+
     /// The audit user of replica `identity`.
     pub fn user(identity: &str) -> String {
         format!("system:serviceaccount:{LEASE_NAMESPACE}:gpuscale-{identity}")

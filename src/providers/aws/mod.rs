@@ -54,20 +54,15 @@ pub struct AwsSettings {
     /// Only groups whose name starts with this prefix are managed.
     #[serde(default)]
     pub name_prefix: Option<String>,
-    /// Attempts per API call, including the first (the SDK retries throttling and 5xx).
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
-    /// Timeout of one API operation including its retries, in seconds.
+    /// Timeout of one API request, in seconds. The SDK does not retry: retries (of throttling,
+    /// 5xx and timeouts) are the account's `retry` block, in [`crate::providers::politeness`],
+    /// where every attempt passes the account's rate limiter.
     #[serde(default = "default_timeout_secs")]
     pub operation_timeout_secs: u64,
     /// Fixed credentials that bypass the default chain. Only for tests against emulators;
     /// never read from config files.
     #[serde(skip)]
     pub static_credentials_for_tests: Option<StaticCredentials>,
-}
-
-fn default_max_attempts() -> u32 {
-    3
 }
 
 fn default_timeout_secs() -> u64 {
@@ -87,7 +82,6 @@ impl AwsSettings {
             endpoint_url: None,
             discovery_tags: BTreeMap::from([("k8s.io/cluster-autoscaler/enabled".to_owned(), String::new())]),
             name_prefix: None,
-            max_attempts: default_max_attempts(),
             operation_timeout_secs: default_timeout_secs(),
             static_credentials_for_tests: None,
         }
@@ -96,7 +90,7 @@ impl AwsSettings {
 
 impl AwsSettings {
     /// The settings of a provider-config account (`provider: aws`): region, credentials,
-    /// endpoint, discovery and retry attempts come from the account; the rest is defaulted.
+    /// endpoint and discovery come from the account; the rest is defaulted.
     pub fn from_account(a: &crate::providers::config::AccountConfig) -> Result<Self, AwsSettingsError> {
         let region = a.region.clone().ok_or_else(|| AwsSettingsError::Invalid {
             account: a.name.clone(),
@@ -117,9 +111,6 @@ impl AwsSettings {
             }
             s.name_prefix = d.name_prefix.clone();
         }
-        if let Some(r) = &a.retry {
-            s.max_attempts = r.max_attempts.max(1);
-        }
         s.validate()?;
         Ok(s)
     }
@@ -136,7 +127,6 @@ impl fmt::Debug for AwsSettings {
             .field("endpoint_url", &self.endpoint_url)
             .field("discovery_tags", &self.discovery_tags)
             .field("name_prefix", &self.name_prefix)
-            .field("max_attempts", &self.max_attempts)
             .field("operation_timeout_secs", &self.operation_timeout_secs)
             .field(
                 "static_credentials_for_tests",
@@ -222,9 +212,6 @@ impl AwsSettings {
         if self.external_id.is_some() && self.role_arn.is_none() {
             return bad("external_id", "<set>", "only meaningful with role_arn");
         }
-        if self.max_attempts == 0 {
-            return bad("max_attempts", "0", "must be at least 1");
-        }
         if self.operation_timeout_secs == 0 {
             return bad("operation_timeout_secs", "0", "must be at least 1");
         }
@@ -280,7 +267,9 @@ impl AwsProvider {
         let region = Region::new(settings.region.clone());
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .region(region.clone())
-            .retry_config(RetryConfig::standard().with_max_attempts(settings.max_attempts))
+            // One retry layer, ours (`Polite`): SDK retries would multiply its attempts and skip
+            // its rate limiter.
+            .retry_config(RetryConfig::disabled())
             .timeout_config(
                 TimeoutConfig::builder()
                     .operation_timeout(Duration::from_secs(settings.operation_timeout_secs))
