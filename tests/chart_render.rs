@@ -5,7 +5,11 @@
 //! `helm template` for the default values and each `charts/gpuscale/ci/*.yaml`, then parses every
 //! document into its k8s-openapi type (and back, so that a misspelt or misplaced field, which the
 //! typed form drops, fails the test), checks that names, selectors and ports refer to each other,
-//! and that the RBAC rules equal `gpuscale::controller::rbac`.
+//! that the RBAC rules equal `gpuscale::controller::rbac`, and that the default image is the one
+//! `scripts/build-image.sh` builds.
+
+#[path = "support/image_config.rs"]
+mod image_config;
 
 use gpuscale::config::GpuscaleConfig;
 use gpuscale::controller::rbac::{self, Rule};
@@ -529,6 +533,28 @@ fn default_values_render_valid_manifests_with_exact_rbac() {
             priority_class: Some("system-cluster-critical"),
         },
     );
+}
+
+/// With default values, the controller and the agent run the image `scripts/build-image.sh` builds
+/// and names (repository and tag, which is the crate's version and the chart's appVersion), as the
+/// image's user.
+#[test]
+fn default_values_use_the_image_build_image_builds() {
+    let image = image_config::print_config();
+    let expected = format!("{}:{}", image.repository, image.tag);
+    assert_eq!(image.tag, env!("CARGO_PKG_VERSION"));
+    let (uid, gid) = image.user.split_once(':').expect("the image's user is uid:gid");
+    let (uid, gid): (i64, i64) = (uid.parse().expect("numeric uid"), gid.parse().expect("numeric gid"));
+    let r = render(None, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((r.deployments.len(), r.daemonsets.len()), (1, 1), "one Deployment and one DaemonSet");
+    let controller = r.deployments[0].spec.template.spec.as_ref().expect("controller pod spec");
+    let agent = r.daemonsets[0].spec.template.spec.as_ref().expect("agent pod spec");
+    for (pod, name) in [(controller, "controller"), (agent, "agent")] {
+        assert_eq!(container(pod, name).image.as_deref(), Some(expected.as_str()), "{name} image");
+        let security = pod.security_context.as_ref().expect("a pod security context");
+        assert_eq!((security.run_as_user, security.run_as_group), (Some(uid), Some(gid)), "{name} user");
+        assert_eq!(security.run_as_non_root, Some(true), "{name}");
+    }
 }
 
 #[test]
