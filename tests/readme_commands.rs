@@ -172,8 +172,11 @@ fn run(args: &[String], out_dir: &Path, limit: Duration) -> Result<(), String> {
     }
     let stdout = tempfile::tempfile().expect("temp file");
     let stderr = tempfile::tempfile().expect("temp file");
+    // As on a fresh machine: no kubeconfig, so `plan` plans the embedded example.
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuscale"))
         .args(&args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
         .current_dir(repo())
         .stdin(Stdio::null())
         .stdout(stdout.try_clone().expect("clone"))

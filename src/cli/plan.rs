@@ -20,11 +20,17 @@ pub struct PlanArgs {
     /// YAML/JSON manifest, a folder of them, or `-` for standard input. Needs `--providers`.
     #[arg(long, requires = "providers")]
     snapshot: Option<PathBuf>,
-    /// Provider config file(s) or folders of them with the node groups (repeatable). Needs
-    /// `--snapshot`. Offline, a cloud group's current size is the number of its nodes in the
-    /// snapshot.
-    #[arg(long, requires = "snapshot")]
+    /// Provider config file(s) or folders of them with the node groups (repeatable). Offline, a
+    /// cloud group's current size is the number of its nodes in the cluster.
+    #[arg(long)]
     providers: Vec<PathBuf>,
+    /// Plan the live cluster of this kubeconfig file (default without `--snapshot`: `KUBECONFIG`,
+    /// else `~/.kube/config`, else the in-cluster ServiceAccount).
+    #[arg(long, conflicts_with = "snapshot")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context of the live cluster to plan (default: its current context).
+    #[arg(long, conflicts_with = "snapshot")]
+    context: Option<String>,
     /// Largest snapshot input in MiB (a 5,000-node cluster's `kubectl get -o json` is about
     /// 170 MiB).
     #[arg(long, default_value_t = gpuscale::textfile::DEFAULT_MAX_INPUT_BYTES >> 20, value_name = "MIB")]
@@ -36,9 +42,9 @@ pub struct PlanArgs {
     /// credentials), as `gpuscale run` does, instead of counting the snapshot's nodes.
     #[arg(long, requires = "providers")]
     live_groups: bool,
-    /// Plan the embedded example cluster and its simulated account (what `plan` does with
-    /// neither `--snapshot` nor `--providers`).
-    #[arg(long, conflicts_with_all = ["snapshot", "providers"])]
+    /// Plan the embedded example cluster and its simulated account (what `plan` does with no
+    /// `--snapshot` where no kubeconfig is found).
+    #[arg(long, conflicts_with_all = ["snapshot", "providers", "kubeconfig", "context"])]
     example: bool,
     /// gpuscale config file (`planner:` section and the others); the flags below override it.
     #[arg(long)]
@@ -65,17 +71,91 @@ enum Output {
     Yaml,
 }
 
-fn load_snapshot(
-    path: Option<&Path>,
-    limits: gpuscale::textfile::InputLimits,
-) -> anyhow::Result<gpuscale::k8s::LoadedSnapshot> {
-    Ok(match path {
-        Some(p) => gpuscale::k8s::load_snapshot_with(p, limits)?,
-        None => {
-            let objects = gpuscale::k8s::parse_text(Path::new(EMBEDDED_SNAPSHOT_NAME), EMBEDDED_SNAPSHOT)?;
-            gpuscale::k8s::convert(&objects)?
+/// Where the cluster to plan comes from.
+enum Source {
+    Example,
+    Snapshot(PathBuf),
+    Live,
+}
+
+impl Source {
+    /// `--snapshot`, `--example`, an explicit kubeconfig or context, else the live cluster when a
+    /// kubeconfig or in-cluster ServiceAccount is found (as kubectl finds them), else the example.
+    fn of(args: &PlanArgs) -> Self {
+        match (&args.snapshot, args.example) {
+            (Some(path), _) => Source::Snapshot(path.clone()),
+            (None, true) => Source::Example,
+            (None, false) if args.kubeconfig.is_some() || args.context.is_some() || cluster_configured() => {
+                Source::Live
+            }
+            (None, false) => Source::Example,
         }
+    }
+}
+
+/// Whether kubectl would find a cluster here: `KUBECONFIG` naming a file that exists (when it is
+/// set, `~/.kube/config` is not read), else `~/.kube/config`, else a pod's ServiceAccount.
+fn cluster_configured() -> bool {
+    match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        Some(list) => std::env::split_paths(&list).any(|p| p.is_file()),
+        None => {
+            std::env::var_os("HOME").is_some_and(|h| Path::new(&h).join(".kube/config").is_file())
+                || (std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+                    && Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token").is_file())
+        }
+    }
+}
+
+/// The live cluster's objects, read as `gpuscale run` reads them, and a line saying which
+/// cluster it was.
+#[cfg(feature = "controller")]
+fn read_live(
+    args: &PlanArgs,
+    config: &GpuscaleConfig,
+    now: k8s_openapi::jiff::Timestamp,
+) -> anyhow::Result<(gpuscale::k8s::LoadedSnapshot, String)> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let options = KubeConfigOptions { context: args.context.clone(), ..Default::default() };
+        // kube's messages already hold their causes, which `source()` would repeat.
+        let kube_config = match (&args.kubeconfig, &args.context) {
+            (Some(path), _) => {
+                let file = Kubeconfig::read_from(path)
+                    .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?
+            }
+            (None, Some(context)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| anyhow::anyhow!("--context {context}: {e}"))?,
+            (None, None) => kube::Config::infer().await.map_err(|e| {
+                anyhow::anyhow!("finding the Kubernetes API server (kubeconfig or in-cluster): {e}")
+            })?,
+        };
+        let server = kube_config.cluster_url.to_string();
+        let client = gpuscale::controller::client(kube_config).context("building the Kubernetes client")?;
+        let view = gpuscale::controller::live::read(&client, &config.controller, now)
+            .await
+            .with_context(|| format!("reading the cluster at {server}"))?;
+        let what = match &args.context {
+            Some(context) => format!("the live cluster of context {context} ({server})"),
+            None => format!("the live cluster at {server}"),
+        };
+        Ok((gpuscale::k8s::LoadedSnapshot { snapshot: view.snapshot, warnings: view.warnings }, what))
     })
+}
+
+#[cfg(not(feature = "controller"))]
+fn read_live(
+    _: &PlanArgs,
+    _: &GpuscaleConfig,
+    _: k8s_openapi::jiff::Timestamp,
+) -> anyhow::Result<(gpuscale::k8s::LoadedSnapshot, String)> {
+    anyhow::bail!(
+        "planning a live cluster needs the Kubernetes client, which this build leaves out (cargo feature controller); pass --snapshot or --example"
+    )
 }
 
 /// The node groups with their sizes as `plan` knows them offline: a cloud account's groups hold
@@ -143,24 +223,53 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         max_bytes: args.max_input_mib.saturating_mul(1 << 20),
         max_depth: args.max_nesting,
     };
-    let mut loaded = load_snapshot(args.snapshot.as_deref(), limits)?;
-    let providers: ProviderConfig = if args.providers.is_empty() {
-        eprintln!("gpuscale plan: the embedded example cluster and its simulated account (pass --snapshot and --providers for yours)");
-        ProviderConfig::embedded_default()?
-    } else {
-        config::load_files(&args.providers)?
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let source = Source::of(&args);
+    let (mut loaded, what) = match &source {
+        Source::Snapshot(path) => (gpuscale::k8s::load_snapshot_with(path, limits)?, None),
+        Source::Live => {
+            let (loaded, what) = read_live(&args, &settings_file, now)?;
+            (loaded, Some(what))
+        }
+        Source::Example => {
+            if !args.providers.is_empty() {
+                anyhow::bail!(
+                    "--providers: no cluster to plan; pass --snapshot, or --kubeconfig/--context (no KUBECONFIG, ~/.kube/config or in-cluster ServiceAccount was found)"
+                );
+            }
+            let objects = gpuscale::k8s::parse_text(Path::new(EMBEDDED_SNAPSHOT_NAME), EMBEDDED_SNAPSHOT)?;
+            eprintln!("gpuscale plan: the embedded example cluster and its simulated account (no kubeconfig found; pass --kubeconfig/--context, or --snapshot and --providers, for yours)");
+            (gpuscale::k8s::convert(&objects)?, None)
+        }
     };
+    let providers: ProviderConfig = match &source {
+        Source::Example => ProviderConfig::embedded_default()?,
+        _ if args.providers.is_empty() => {
+            loaded.warnings.push(
+                "no --providers: the plan knows no node groups, so it places pending pods on existing nodes and plans no scale-up or scale-down of groups"
+                    .into(),
+            );
+            ProviderConfig::default()
+        }
+        _ => config::load_files(&args.providers)?,
+    };
+    if let Some(what) = &what {
+        eprintln!("gpuscale plan: {what}");
+    }
     let groups = if args.live_groups {
         live_groups(&providers)?
     } else {
         offline_sizes(&providers, &loaded.snapshot, &mut loaded.warnings)
     };
+    // As `gpuscale run` sees them: Ready nodes without the GPUs their group promises are in flight.
+    for (node, why) in planner::readiness::mark_in_flight(&mut loaded.snapshot.nodes, &groups) {
+        loaded.warnings.push(format!("Node {node}: in flight ({why}); counted as coming capacity"));
+    }
     let input = PlanInput { snapshot: loaded.snapshot, groups, ..Default::default() };
     let mut settings: PlannerSettings = settings_file.planner;
     settings.telemetry = settings_file.telemetry;
     settings.tenancy = settings_file.tenancy;
-    settings.now =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs() as i64);
+    settings.now = Some(now.as_second());
     if let Some(policy) = args.policy {
         settings.policy = policy;
     }

@@ -16,16 +16,9 @@ use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Taint key that marks a node being drained by gpuscale.
-pub const DISRUPTING_TAINT: &str = "gpuscale.io/disrupting";
-/// Annotation: RFC 3339 time the drain started.
-pub const DRAIN_STARTED_AT: &str = "gpuscale.io/drain-started-at";
+pub use crate::k8s::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED};
 /// Annotation: the planner's reason for removing the node.
 pub const DRAIN_REASON: &str = "gpuscale.io/drain-reason";
-/// Annotation: `"true"` once an eviction was attempted; from then on the drain always finishes.
-pub const DRAIN_EVICTED: &str = "gpuscale.io/drain-evicted";
-/// Annotation: `"true"` when the node was already cordoned before the drain.
-pub const DRAIN_WAS_CORDONED: &str = "gpuscale.io/drain-was-cordoned";
 
 /// Annotation: id of the group a cheaper node is requested from to replace this node.
 pub const REPLACE_WITH: &str = "gpuscale.io/replace-with";

@@ -30,6 +30,8 @@ pub mod drain;
 #[cfg(feature = "controller")]
 pub mod leader;
 #[cfg(feature = "controller")]
+pub mod live;
+#[cfg(feature = "controller")]
 pub mod providers;
 #[cfg(feature = "controller")]
 pub mod readiness;

@@ -7,68 +7,12 @@
 //! timeout and their group is backed off (through the provider's
 //! [`crate::providers::politeness::Polite`] memory), so the planner tries another group.
 
-use crate::model::{GpuMode, InstanceState, Node, NodeGroup, NodeState};
+use crate::model::{InstanceState, Node, NodeGroup, NodeState};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Whether a registered node counts as capacity yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Readiness {
-    /// Ready with the GPUs its group promises.
-    Ready,
-    /// Still on its way, and why.
-    InFlight(String),
-}
-
-/// Classifies a node against its group's template (`None`: unmanaged node, judged on its own).
-pub fn classify(node: &Node, template: Option<&Node>) -> Readiness {
-    if node.state == NodeState::Initializing {
-        return Readiness::InFlight(if node.gpus.is_empty() || template.is_none_or(|t| t.gpus.is_empty()) {
-            "not Ready yet".into()
-        } else {
-            "not Ready, or its GPUs are not advertised yet".into()
-        });
-    }
-    let Some(template) = template else { return Readiness::Ready };
-    if template.gpus.is_empty() {
-        return Readiness::Ready;
-    }
-    if node.gpus.len() < template.gpus.len() {
-        return Readiness::InFlight(format!(
-            "advertises {} of the {} GPUs of its instance type",
-            node.gpus.len(),
-            template.gpus.len()
-        ));
-    }
-    for (want, have) in template.gpus.iter().zip(&node.gpus) {
-        match (&want.mode, &have.mode) {
-            (GpuMode::TimeSliced { replicas: w }, GpuMode::TimeSliced { replicas: h }) if h >= w => {}
-            (GpuMode::TimeSliced { replicas }, _) => {
-                return Readiness::InFlight(format!(
-                    "GPU {} does not advertise its {replicas} time-sliced replicas yet",
-                    have.index
-                ))
-            }
-            (GpuMode::Mig { instances: w, dynamic: false }, GpuMode::Mig { instances: h, .. })
-                if h.len() < w.len() =>
-            {
-                return Readiness::InFlight(format!(
-                    "GPU {} advertises {} of its {} MIG instances",
-                    have.index,
-                    h.len(),
-                    w.len()
-                ))
-            }
-            (GpuMode::Mig { .. }, GpuMode::Mig { .. }) => {}
-            (GpuMode::Mig { .. }, _) => {
-                return Readiness::InFlight(format!("GPU {} does not advertise MIG profiles yet", have.index))
-            }
-            _ => {}
-        }
-    }
-    Readiness::Ready
-}
+pub use crate::planner::readiness::{classify, Readiness};
 
 /// Keeps, per live instance, when this controller first saw it (providers do not all report
 /// launch times). Instances that are gone are forgotten.
@@ -136,7 +80,7 @@ pub fn stuck_instances(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{GpuDevice, Instance, MigInstance};
+    use crate::model::{GpuDevice, GpuMode, Instance, MigInstance};
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).unwrap()

@@ -14,7 +14,7 @@ use super::config::{secs, ControllerConfig};
 use super::drain::{self, DrainOutcome};
 use super::leader::{Fence, LeaderElector};
 use super::providers::ProviderSet;
-use super::readiness::{self, Readiness};
+use super::readiness;
 use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
@@ -231,7 +231,7 @@ where
 }
 
 /// The PodGroup resource (coscheduling plugin), when its CRD is installed.
-fn pod_group_resource() -> ApiResource {
+pub(crate) fn pod_group_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
         "podgroups",
@@ -525,20 +525,8 @@ impl Controller {
         }
 
         // Nodes that are Ready but lack the GPUs their group promises are still in flight.
-        for node in view.snapshot.nodes.iter_mut() {
-            let template = group_of(node, &groups).map(|g| &groups[g].template);
-            if node.state == NodeState::Ready {
-                if let Readiness::InFlight(why) = readiness::classify(node, template) {
-                    tracing::debug!(node = %node.name, why, "node in flight");
-                    node.state = NodeState::Initializing;
-                } else if let (Some(_), Some(template)) = (&node.telemetry, template) {
-                    // Where the agent runs, its NVML readings must show the promised GPUs too.
-                    if let Err(why) = crate::model::telemetry::telemetry_confirms(node, template) {
-                        tracing::debug!(node = %node.name, why, "node in flight: telemetry disagrees");
-                        node.state = NodeState::Initializing;
-                    }
-                }
-            }
+        for (node, why) in crate::planner::readiness::mark_in_flight(&mut view.snapshot.nodes, &groups) {
+            tracing::debug!(node, why, "node in flight");
         }
 
         // Instances whose nodes never came: remove them, back the group off.

@@ -1,13 +1,13 @@
 //! From the reflector stores to the planner's [`ClusterSnapshot`], through the same conversion
 //! `gpuscale plan` uses on `kubectl` output ([`crate::k8s::convert`]).
 //!
-//! Two controller-specific adjustments: a node whose drain has not evicted anything yet is shown
-//! to the planner as it was before the drain (so the plan says whether it is still worth
-//! removing; if not, the drain is given up), and running training pods under their protection
-//! are marked not evictable so the planner does not pick their nodes.
+//! A node whose drain has not evicted anything yet is shown to the planner as it was before the
+//! drain by the conversion itself (so `gpuscale plan` shows it the same way). One adjustment is
+//! the controller's own: running training pods under their protection are marked not evictable so
+//! the planner does not pick their nodes.
 
 use super::config::ControllerConfig;
-use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks, DISRUPTING_TAINT};
+use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks};
 use crate::k8s::{self, SnapshotError, SourcedObject};
 use crate::model::{ClusterSnapshot, GpuDemand};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -134,23 +134,17 @@ pub fn build(
     pdbs.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
     let mut objects = Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len());
     for n in nodes.iter().copied() {
-        let mut value = to_value("Node", "v1", n);
         let annotations = n.metadata.annotations.clone().unwrap_or_default();
         let taints = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         if let Some(marks) = drain::replace_marks_of(&annotations) {
             view.replacing.insert(n.metadata.name.clone().unwrap_or_default(), marks);
         }
+        // The conversion shows a node whose drain has not evicted anything as it was before
+        // (crate::k8s::convert_node); the marks say what the drain has done.
         if let Some(marks) = drain::marks_of(&annotations, taints.iter().map(|t| t.key.as_str()), now) {
-            if !marks.evicted {
-                // Show the node as it was before the drain: the plan decides whether it stays a
-                // candidate.
-                let kept: Vec<_> = taints.iter().filter(|t| t.key != DISRUPTING_TAINT).collect();
-                value["spec"]["taints"] = serde_json::to_value(kept).unwrap_or(Value::Null);
-                value["spec"]["unschedulable"] = Value::Bool(marks.was_cordoned);
-            }
             view.drains.insert(n.metadata.name.clone().unwrap_or_default(), marks);
         }
-        objects.push(SourcedObject::new(format!("Node {}", name_of(&n.metadata)), value));
+        objects.push(SourcedObject::new(format!("Node {}", name_of(&n.metadata)), to_value("Node", "v1", n)));
     }
     for p in pods.iter().copied() {
         objects.push(SourcedObject::new(format!("Pod {}", name_of(&p.metadata)), to_value("Pod", "v1", p)));
@@ -220,6 +214,7 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::drain::DISRUPTING_TAINT;
     use serde_json::json;
     use std::sync::Arc;
 

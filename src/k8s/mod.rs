@@ -23,7 +23,10 @@ mod volume;
 
 pub use error::SnapshotError;
 pub use instance_types::instance_gpus;
-pub use node::{convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, NODE_GROUP_LABELS};
+pub use node::{
+    convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, DISRUPTING_TAINT,
+    DRAIN_EVICTED, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED, NODE_GROUP_LABELS,
+};
 pub use pod::{convert_pod, ConvertedPod, EffectiveRequests, HAMI_ALLOCATED};
 pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
 pub use source::{parse_text, read_path, read_path_with, SourcedObject};

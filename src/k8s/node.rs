@@ -27,6 +27,15 @@ const DELETION_TAINTS: &[&str] = &["ToBeDeletedByClusterAutoscaler", "karpenter.
 
 const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
 
+/// Taint key that marks a node being drained by gpuscale.
+pub const DISRUPTING_TAINT: &str = "gpuscale.io/disrupting";
+/// Annotation: RFC 3339 time a gpuscale drain started.
+pub const DRAIN_STARTED_AT: &str = "gpuscale.io/drain-started-at";
+/// Annotation: `"true"` once a drain attempted an eviction; from then on the drain always finishes.
+pub const DRAIN_EVICTED: &str = "gpuscale.io/drain-evicted";
+/// Annotation: `"true"` when the node was already cordoned before the drain.
+pub const DRAIN_WAS_CORDONED: &str = "gpuscale.io/drain-was-cordoned";
+
 use crate::model::{
     GKE_ACCELERATOR_COUNT_LABEL as GKE_ACCELERATOR_COUNT,
     GKE_MAX_SHARED_CLIENTS_LABEL as GKE_MAX_SHARED_CLIENTS, GKE_PARTITION_SIZE_LABEL as GKE_PARTITION_SIZE,
@@ -245,7 +254,7 @@ pub fn convert_node(
         extended_allocatable.insert(name.clone(), alloc.get(name, parse)?);
     }
 
-    let taints = spec
+    let mut taints = spec
         .taints
         .iter()
         .flatten()
@@ -267,6 +276,19 @@ pub fn convert_node(
             Ok(Taint { key: t.key.clone(), value: t.value.clone().unwrap_or_default(), effect })
         })
         .collect::<Result<Vec<_>, _>>()?;
+
+    // A gpuscale drain that has not evicted anything yet can still be given up: the node is
+    // shown as it was before the drain (without the drain's taint, cordoned only if it was), so
+    // the plan says whether removing it is still worth it. `gpuscale run` plans from this view
+    // and `gpuscale plan` shows the same.
+    let mark = |key: &str| annotations.get(key).is_some_and(|v| v == "true");
+    let mut unschedulable = spec.unschedulable.unwrap_or(false);
+    let drain_marked =
+        taints.iter().any(|t| t.key == DISRUPTING_TAINT) || annotations.contains_key(DRAIN_STARTED_AT);
+    if drain_marked && !mark(DRAIN_EVICTED) {
+        taints.retain(|t| t.key != DISRUPTING_TAINT);
+        unschedulable = mark(DRAIN_WAS_CORDONED);
+    }
 
     let first_label =
         |keys: &[&str]| keys.iter().find_map(|k| labels.get(*k).filter(|v| !v.is_empty()).cloned());
@@ -323,7 +345,7 @@ pub fn convert_node(
             node_group,
             instance_type,
             provider_id: spec.provider_id.clone(),
-            unschedulable: spec.unschedulable.unwrap_or(false),
+            unschedulable,
             state,
             scale_down_disabled,
             telemetry,

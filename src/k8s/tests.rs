@@ -116,6 +116,37 @@ fn node_capacity_labels_and_identity() {
     assert_eq!(n.gpu_model, None);
 }
 
+/// A gpuscale drain that has not evicted anything may still be given up, so the node is planned
+/// as it was before: without the drain's taint, cordoned only if it was before the drain. Once an
+/// eviction was attempted the drain always finishes, and the node is shown as it is.
+#[test]
+fn a_drain_that_has_not_evicted_shows_the_node_as_before_it() {
+    let drained = |annotations: Value| {
+        let mut v = node("gpu-1", json!({}), json!({"cpu": "8", "memory": "32Gi"}));
+        v["metadata"]["annotations"] = annotations;
+        v["spec"]["unschedulable"] = json!(true);
+        v["spec"]["taints"] = json!([
+            {"key": DISRUPTING_TAINT, "value": "true", "effect": "NoSchedule"},
+            {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+        ]);
+        one_node(v).0
+    };
+    let taint_keys = |n: &Node| n.taints.iter().map(|t| t.key.clone()).collect::<Vec<_>>();
+    let fresh = drained(json!({DRAIN_STARTED_AT: "2026-01-01T00:00:00Z"}));
+    assert_eq!((fresh.unschedulable, taint_keys(&fresh)), (false, vec!["dedicated".to_string()]));
+    let was_cordoned = drained(json!({DRAIN_STARTED_AT: "2026-01-01T00:00:00Z", DRAIN_WAS_CORDONED: "true"}));
+    assert_eq!((was_cordoned.unschedulable, taint_keys(&was_cordoned).len()), (true, 1));
+    let evicting = drained(json!({DRAIN_STARTED_AT: "2026-01-01T00:00:00Z", DRAIN_EVICTED: "true"}));
+    assert_eq!((evicting.unschedulable, taint_keys(&evicting).len()), (true, 2));
+    // The taint alone (annotations lost) is a drain too.
+    let taint_only = drained(json!({}));
+    assert_eq!((taint_only.unschedulable, taint_keys(&taint_only)), (false, vec!["dedicated".to_string()]));
+    // Someone else's cordon is left alone.
+    let mut v = node("gpu-2", json!({}), json!({"cpu": "8", "memory": "32Gi"}));
+    v["spec"]["unschedulable"] = json!(true);
+    assert!(one_node(v).0.unschedulable);
+}
+
 #[test]
 fn node_group_labels_in_order_with_explicit_override() {
     let labels = |extra: Value| {

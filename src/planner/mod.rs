@@ -12,6 +12,7 @@ pub mod default_spread;
 mod idle;
 mod mig_advice;
 mod plan;
+pub mod readiness;
 mod scale_down;
 mod scale_up;
 mod tenancy;

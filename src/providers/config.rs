@@ -431,7 +431,7 @@ pub enum ConfigError {
 }
 
 /// A validated set of accounts from one or more files.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProviderConfig {
     /// The accounts, in file order.
     pub accounts: Vec<AccountConfig>,

@@ -234,6 +234,8 @@ fn pod_object(w: &Workload, i: usize, host_ip: Option<&str>, managed: bool, rng:
         ])
         .collect();
     let image = format!("registry.example.com/{namespace}/{app}:v1.{}.{}", i % 7, i % 13);
+    // The ServiceAccount admission plugin's projected token volume, mounted by its name.
+    let api_access = format!("kube-api-access-{}", hex(rng, 5));
     let mut spec = json!({
         "containers": [{
             "args": ["--port=8080", "--metrics-port=9090", format!("--model=/models/{app}")],
@@ -256,7 +258,7 @@ fn pod_object(w: &Workload, i: usize, host_ip: Option<&str>, managed: bool, rng:
             "terminationMessagePath": "/dev/termination-log",
             "terminationMessagePolicy": "File",
             "volumeMounts": [{"mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-                "name": format!("kube-api-access-{}", hex(rng, 5)), "readOnly": true}],
+                "name": api_access, "readOnly": true}],
         }],
         "dnsPolicy": "ClusterFirst",
         "enableServiceLinks": true,
@@ -269,7 +271,7 @@ fn pod_object(w: &Workload, i: usize, host_ip: Option<&str>, managed: bool, rng:
         "serviceAccountName": "default",
         "terminationGracePeriodSeconds": 30,
         "tolerations": tolerations,
-        "volumes": [{"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+        "volumes": [{"name": api_access, "projected": {"defaultMode": 420, "sources": [
             {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
             {"configMap": {"items": [{"key": "ca.crt", "path": "ca.crt"}], "name": "kube-root-ca.crt"}},
             {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}, "path": "namespace"}]}},

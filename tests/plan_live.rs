@@ -1,0 +1,221 @@
+//! `gpuscale plan` of a live cluster: a real kube-apiserver holding a real-shaped cluster (from
+//! `gpuscale generate`, with a node whose drain has not evicted anything yet and a Ready node
+//! whose device plugin advertises only half its GPUs). The plan read live (`--kubeconfig`,
+//! `--context`, or found through `KUBECONFIG`) must equal the plan of the same objects exported as
+//! `kubectl get nodes,pods,pdb -A -o json` exports them, and show both controller views (the drain
+//! as before it, the half-advertised node in flight).
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+
+use controlplane::{object_path, ControlPlane, Options};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn gpuscale(args: &[&str], kubeconfig_env: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuscale"));
+    cmd.args(args).env("RUST_LOG", "warn").env_remove("KUBERNETES_SERVICE_HOST");
+    match kubeconfig_env {
+        Some(path) => cmd.env("KUBECONFIG", path),
+        None => cmd.env("KUBECONFIG", "/nonexistent/kubeconfig"),
+    };
+    cmd.output().expect("runs gpuscale")
+}
+
+fn ok(out: Output, what: &str) -> (Value, String) {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{what}: {stderr}");
+    (serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: not JSON: {e}")), stderr)
+}
+
+/// Server-side applies `obj` without what the server owns, then its status through the status
+/// subresource (a create ignores status), as the admin.
+async fn create(cp: &ControlPlane, item: &Value) {
+    let mut obj = item.clone();
+    let status = obj.as_object_mut().unwrap().remove("status");
+    let meta = obj["metadata"].as_object_mut().unwrap();
+    for field in ["resourceVersion", "uid", "creationTimestamp", "managedFields", "generation"] {
+        meta.remove(field);
+    }
+    cp.apply(obj.clone()).await;
+    if obj["kind"] == "Node" {
+        // The API server's TaintNodesByCondition admission taints new nodes not-ready; the node
+        // lifecycle controller (kube-controller-manager, not running here) lifts it once the node
+        // is Ready. Restore the node's own taints, as that controller would.
+        let taints = obj["spec"].get("taints").cloned().unwrap_or(Value::Null);
+        cp.raw_patch(&object_path(&obj), &json!({"spec": {"taints": taints}})).await;
+    }
+    let Some(status) = status else { return };
+    let patch = json!({
+        "apiVersion": obj["apiVersion"], "kind": obj["kind"],
+        "metadata": {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"]},
+        "status": status,
+    });
+    let path = format!("{}/status?fieldManager=test&force=true", object_path(&obj));
+    let request = http::Request::builder()
+        .method("PATCH")
+        .uri(&path)
+        .header("Content-Type", "application/apply-patch+yaml")
+        .body(serde_json::to_vec(&patch).unwrap())
+        .unwrap();
+    cp.admin.request::<Value>(request).await.unwrap_or_else(|e| panic!("apply {path}: {e}"));
+}
+
+/// What `kubectl get nodes,pods,pdb -A -o json` prints: one List, each item with its apiVersion
+/// and kind, in the server's order per resource.
+async fn kubectl_export(cp: &ControlPlane) -> Value {
+    let mut items = Vec::new();
+    for (path, api_version, kind) in [
+        ("/api/v1/nodes", "v1", "Node"),
+        ("/api/v1/pods", "v1", "Pod"),
+        ("/apis/policy/v1/poddisruptionbudgets", "policy/v1", "PodDisruptionBudget"),
+    ] {
+        let list = cp.raw("GET", path, None).await.unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        for mut item in list["items"].as_array().cloned().unwrap_or_default() {
+            item["apiVersion"] = json!(api_version);
+            item["kind"] = json!(kind);
+            items.push(item);
+        }
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items, "metadata": {"resourceVersion": ""}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_of_the_live_cluster_equals_plan_of_its_kubectl_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let generated = dir.path().join("generated");
+    let out = gpuscale(
+        &[
+            "generate",
+            "--nodes",
+            "24",
+            "--running",
+            "160",
+            "--pending",
+            "40",
+            "--seed",
+            "5",
+            "--out",
+            generated.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success(), "generate: {}", String::from_utf8_lossy(&out.stderr));
+    let providers = generated.join("providers.yaml");
+    let mut cluster: Value =
+        serde_json::from_slice(&std::fs::read(generated.join("cluster.json")).unwrap()).unwrap();
+    let items = cluster["items"].as_array_mut().unwrap();
+
+    // Two nodes the controller sees differently from their raw objects: one whose drain has not
+    // evicted anything (planned as before the drain), one advertising 4 of its 8 GPUs (in flight).
+    let h100: Vec<usize> = (0..items.len())
+        .filter(|&i| {
+            items[i]["kind"] == "Node" && items[i]["metadata"]["labels"]["gpuscale.io/node-group"] == "h100"
+        })
+        .collect();
+    assert!(h100.len() >= 2, "the generator made {} H100 nodes", h100.len());
+    let (draining, half) = (h100[0], h100[1]);
+    let draining_name = items[draining]["metadata"]["name"].as_str().unwrap().to_string();
+    let half_name = items[half]["metadata"]["name"].as_str().unwrap().to_string();
+    let d = &mut items[draining];
+    d["metadata"]["annotations"]["gpuscale.io/drain-started-at"] = json!("2026-01-01T00:00:00Z");
+    d["metadata"]["annotations"]["gpuscale.io/drain-reason"] = json!("empty");
+    d["spec"]["unschedulable"] = json!(true);
+    d["spec"]["taints"] = json!([{"key": "gpuscale.io/disrupting", "value": "true", "effect": "NoSchedule"}]);
+    let h = &mut items[half];
+    assert_eq!(h["status"]["allocatable"]["nvidia.com/gpu"], "8", "{h}");
+    h["status"]["allocatable"]["nvidia.com/gpu"] = json!("4");
+    h["status"]["capacity"]["nvidia.com/gpu"] = json!("4");
+    let original = dir.path().join("original.json");
+    std::fs::write(&original, serde_json::to_vec(&cluster).unwrap()).unwrap();
+
+    let cp = ControlPlane::start(Options { scheduler: false, ..Default::default() }).await;
+    let mut namespaces = BTreeSet::new();
+    for item in cluster["items"].as_array().unwrap() {
+        if let Some(ns) = item["metadata"]["namespace"].as_str() {
+            if namespaces.insert(ns.to_string()) {
+                cp.ensure_namespace(ns).await;
+            }
+        }
+        create(&cp, item).await;
+    }
+    let kubeconfig = cp.admin_kubeconfig.clone();
+    let kc = kubeconfig.to_str().unwrap();
+    let p = providers.to_str().unwrap();
+
+    let (live, stderr) =
+        ok(gpuscale(&["plan", "--kubeconfig", kc, "--providers", p, "-o", "json"], None), "live");
+    assert!(stderr.contains(&format!("the live cluster at {}", cp.url)), "{stderr}");
+    let export = dir.path().join("export.json");
+    std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(&cp).await).unwrap()).unwrap();
+    let (exported, stderr) = ok(
+        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
+        "export",
+    );
+    assert!(!stderr.contains("live cluster"), "{stderr}");
+    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+
+    // Found as kubectl finds it, and by context.
+    let (found, stderr) =
+        ok(gpuscale(&["plan", "--providers", p, "-o", "json"], Some(&kubeconfig)), "KUBECONFIG");
+    assert!(stderr.contains("the live cluster at"), "{stderr}");
+    assert_eq!(found, live);
+    let (by_context, stderr) = ok(
+        gpuscale(&["plan", "--context", "admin@test", "--providers", p, "-o", "json"], Some(&kubeconfig)),
+        "--context",
+    );
+    assert!(stderr.contains("context admin@test"), "{stderr}");
+    assert_eq!(by_context, live);
+    let bad = gpuscale(&["plan", "--context", "nope", "--providers", p], Some(&kubeconfig));
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--context nope"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+
+    // The plan is about this cluster: its pending pods, both controller views.
+    let pending = cluster["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "Pod" && i["spec"]["nodeName"].is_null())
+        .count();
+    assert_eq!(planned_pods(&live).len(), pending, "{live:#}");
+    let warnings: Vec<&str> = live["warnings"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with(&format!("Node {half_name}: in flight (advertises 4 of the 8 GPUs"))),
+        "{warnings:#?}"
+    );
+    // The drained node is planned as before its drain (not cordoned), as `gpuscale run` plans
+    // it: pending pods may go there.
+    let to_drained =
+        live["placements"].as_array().unwrap().iter().filter(|p| p["node"] == draining_name.as_str()).count();
+    assert!(to_drained > 0, "no pending pod placed on {draining_name}: {live:#}");
+
+    // The file the objects came from plans the same cluster: the same cost now and the same
+    // pending pods. (Which pod lands where may differ: pending pods of one priority are placed in
+    // input order, and the file's order is not the API server's.)
+    let (from_file, _) = ok(
+        gpuscale(&["plan", "--snapshot", original.to_str().unwrap(), "--providers", p, "-o", "json"], None),
+        "file",
+    );
+    assert_eq!(live["costBeforePerHourUsd"], from_file["costBeforePerHourUsd"]);
+    assert_eq!(planned_pods(&live), planned_pods(&from_file));
+}
+
+/// Every pending pod the plan accounts for: placed, scaled for, or unschedulable.
+fn planned_pods(plan: &Value) -> BTreeSet<String> {
+    let list = |key: &str| plan[key].as_array().cloned().unwrap_or_default();
+    let mut pods: BTreeSet<String> =
+        list("placements").iter().map(|p| p["pod"].as_str().unwrap().to_string()).collect();
+    for s in list("scaleUps") {
+        pods.extend(s["pods"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()));
+    }
+    pods.extend(list("unschedulable").iter().map(|u| u["pod"].as_str().unwrap().to_string()));
+    pods
+}
