@@ -223,7 +223,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         max_bytes: args.max_input_mib.saturating_mul(1 << 20),
         max_depth: args.max_nesting,
     };
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let seconds =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = k8s_openapi::jiff::Timestamp::from_second(seconds as i64)
+        .map_err(|e| anyhow::anyhow!("the system clock: {e}"))?;
     let source = Source::of(&args);
     let (mut loaded, what) = match &source {
         Source::Snapshot(path) => (gpuscale::k8s::load_snapshot_with(path, limits)?, None),
