@@ -80,5 +80,6 @@ pub async fn read(
         Err(e) => return Err(e),
     };
     let storage = snapshot::storage_objects(&claims, &volumes, &classes);
-    Ok(snapshot::build(&nodes, &pods, &pdbs, &pod_groups, storage, config, now)?)
+    let mut cache = crate::k8s::ConversionCache::default();
+    Ok(snapshot::build(&nodes, &pods, &pdbs, &pod_groups, storage, config, now, &mut cache)?)
 }

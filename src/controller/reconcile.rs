@@ -189,6 +189,8 @@ struct LoopState {
     /// the next pass, and a second eviction of a terminating pod is wasted (the real API answers
     /// 201 again). Lost on restart, which only costs one repeated eviction.
     evicted_at: BTreeMap<String, Instant>,
+    /// Each Node's and Pod's conversion, kept until the object changes.
+    conversions: crate::k8s::ConversionCache,
 }
 
 /// How long a pod this process evicted is not evicted again while the watch catches up.
@@ -218,7 +220,14 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    // managedFields are often the largest part of an object and nothing reads them: the stores
+    // keep objects without them.
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|o| o.meta_mut().managed_fields = None),
+    );
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
@@ -398,6 +407,7 @@ impl Controller {
             gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
             gangs_resumed: false,
             evicted_at: BTreeMap::new(),
+            conversions: Default::default(),
         };
         let mut was_leading = false;
         let mut last_tick = Instant::now();
@@ -519,7 +529,13 @@ impl Controller {
             ),
             &cfg,
             now,
+            &mut state.conversions,
         )?;
+        tracing::debug!(
+            converted = state.conversions.counts.converted,
+            reused = state.conversions.counts.reused,
+            "cluster state converted"
+        );
         for w in &view.warnings {
             tracing::debug!("{w}");
         }

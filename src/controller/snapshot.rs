@@ -8,7 +8,7 @@
 
 use super::config::ControllerConfig;
 use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks};
-use crate::k8s::{self, SnapshotError, SourcedObject};
+use crate::k8s::{ConversionCache, SnapshotError, SourcedObject};
 use crate::model::{ClusterSnapshot, GpuDemand};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -108,7 +108,9 @@ pub fn storage_objects(
 }
 
 /// Builds the view from the stored objects; `pod_groups` are PodGroup objects as JSON, `storage`
-/// what [`storage_objects`] makes.
+/// what [`storage_objects`] makes. `cache` keeps each Node's and Pod's conversion between calls,
+/// so a loop converts only what changed.
+#[allow(clippy::too_many_arguments)]
 pub fn build(
     nodes: &[impl AsRef<Node>],
     pods: &[impl AsRef<Pod>],
@@ -117,6 +119,7 @@ pub fn build(
     storage: Vec<SourcedObject>,
     config: &ControllerConfig,
     now: Timestamp,
+    cache: &mut ConversionCache,
 ) -> Result<ClusterView, SnapshotError> {
     let mut view = ClusterView::default();
     // Reflector stores hand objects out in hash order; sorted by identity, the same cluster gives
@@ -132,39 +135,32 @@ pub fn build(
     pods.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
     let mut pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(AsRef::as_ref).collect();
     pdbs.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
-    let mut objects = Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len());
+    let no_annotations = BTreeMap::new();
     for n in nodes.iter().copied() {
-        let annotations = n.metadata.annotations.clone().unwrap_or_default();
-        let taints = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-        if let Some(marks) = drain::replace_marks_of(&annotations) {
-            view.replacing.insert(n.metadata.name.clone().unwrap_or_default(), marks);
+        let annotations = n.metadata.annotations.as_ref().unwrap_or(&no_annotations);
+        let name = || n.metadata.name.clone().unwrap_or_default();
+        if let Some(marks) = drain::replace_marks_of(annotations) {
+            view.replacing.insert(name(), marks);
         }
         // The conversion shows a node whose drain has not evicted anything as it was before
         // (crate::k8s::convert_node); the marks say what the drain has done.
-        if let Some(marks) = drain::marks_of(&annotations, taints.iter().map(|t| t.key.as_str()), now) {
-            view.drains.insert(n.metadata.name.clone().unwrap_or_default(), marks);
+        let taints = n.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+        if let Some(marks) = drain::marks_of(annotations, taints.iter().map(|t| t.key.as_str()), now) {
+            view.drains.insert(name(), marks);
         }
-        objects.push(SourcedObject::new(format!("Node {}", name_of(&n.metadata)), to_value("Node", "v1", n)));
     }
-    for p in pods.iter().copied() {
-        objects.push(SourcedObject::new(format!("Pod {}", name_of(&p.metadata)), to_value("Pod", "v1", p)));
-    }
-    for b in pdbs.iter().copied() {
-        objects.push(SourcedObject::new(
-            format!("PodDisruptionBudget {}", name_of(&b.metadata)),
-            to_value("PodDisruptionBudget", "policy/v1", b),
-        ));
-    }
-    for g in pod_groups {
-        let mut value = g.clone();
-        if let Some(m) = value.as_object_mut() {
-            m.entry("apiVersion").or_insert_with(|| Value::String("scheduling.x-k8s.io/v1alpha1".into()));
-            m.entry("kind").or_insert_with(|| Value::String("PodGroup".into()));
-        }
-        objects.push(SourcedObject::new("PodGroup", value));
-    }
-    objects.extend(storage);
-    let loaded = k8s::convert(&objects)?;
+    let pod_groups: Vec<Value> = pod_groups
+        .iter()
+        .map(|g| {
+            let mut value = g.clone();
+            if let Some(m) = value.as_object_mut() {
+                m.entry("apiVersion").or_insert_with(|| Value::String("scheduling.x-k8s.io/v1alpha1".into()));
+                m.entry("kind").or_insert_with(|| Value::String("PodGroup".into()));
+            }
+            value
+        })
+        .collect();
+    let loaded = cache.convert(&nodes, &pods, &pdbs, &pod_groups, &storage)?;
     view.snapshot = loaded.snapshot;
     view.warnings = loaded.warnings;
 
@@ -283,7 +279,17 @@ mod tests {
         ];
         let nodes = vec![Arc::new(draining), Arc::new(evicting), Arc::new(node("n3", json!({})))];
         let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
-        let view = build(&nodes, &pods, &pdbs, &[], Vec::new(), &ControllerConfig::default(), t(10)).unwrap();
+        let view = build(
+            &nodes,
+            &pods,
+            &pdbs,
+            &[],
+            Vec::new(),
+            &ControllerConfig::default(),
+            t(10),
+            &mut Default::default(),
+        )
+        .unwrap();
         assert_eq!(view.snapshot.nodes.len(), 3);
         let n1 = view.snapshot.nodes.iter().find(|n| n.name == "n1").unwrap();
         assert!(!n1.unschedulable && n1.taints.is_empty(), "{n1:?}");
@@ -309,11 +315,13 @@ mod tests {
             .collect();
         let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
         let config = ControllerConfig::default();
-        let forward = build(&nodes, &pods, &pdbs, &[], Vec::new(), &config, t(10)).unwrap();
+        let forward =
+            build(&nodes, &pods, &pdbs, &[], Vec::new(), &config, t(10), &mut Default::default()).unwrap();
         let (mut rn, mut rp) = (nodes.clone(), pods.clone());
         rn.reverse();
         rp.rotate_left(2);
-        let shuffled = build(&rn, &rp, &pdbs, &[], Vec::new(), &config, t(10)).unwrap();
+        let shuffled =
+            build(&rn, &rp, &pdbs, &[], Vec::new(), &config, t(10), &mut Default::default()).unwrap();
         let names = |v: &ClusterView| v.snapshot.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
         let ids = |v: &ClusterView| v.snapshot.workloads.iter().map(|w| w.id.clone()).collect::<Vec<_>>();
         assert_eq!(names(&forward), names(&shuffled));

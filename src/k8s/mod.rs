@@ -10,6 +10,7 @@
 
 mod decode;
 mod error;
+mod incremental;
 mod instance_types;
 mod json_list;
 mod node;
@@ -22,6 +23,7 @@ mod validation;
 mod volume;
 
 pub use error::SnapshotError;
+pub use incremental::{ConversionCache, ConversionCounts};
 pub use instance_types::instance_gpus;
 pub use node::{
     convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, DISRUPTING_TAINT,

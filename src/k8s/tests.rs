@@ -976,3 +976,96 @@ fn generated_lists_convert_the_same_both_ways_into_their_model() {
         );
     }
 }
+
+/// The controller's incremental conversion gives the snapshot a one-shot conversion of the same
+/// objects gives, converting only objects whose resourceVersion changed (and every pod again when
+/// a PodGroup's size changes); objects gone are forgotten.
+#[test]
+fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_changed() {
+    use crate::sim::kubectl_list::{self, ListShape};
+    use k8s_openapi::api::core::v1 as core;
+    let shape = ListShape { nodes: 30, running: 200, pending: 60, seed: 11, managed_fields: false };
+    let (model, _) = kubectl_list::cluster(&shape);
+    let mut bytes = Vec::new();
+    kubectl_list::write_list(&shape, &model, &mut bytes).unwrap();
+    let list: Value = serde_json::from_slice(&bytes).unwrap();
+    let items = list["items"].as_array().unwrap();
+    let mut nodes: Vec<core::Node> = Vec::new();
+    let mut pods: Vec<core::Pod> = Vec::new();
+    for item in items {
+        match item["kind"].as_str() {
+            Some("Node") => nodes.push(serde_json::from_value(item.clone()).unwrap()),
+            Some("Pod") => pods.push(serde_json::from_value(item.clone()).unwrap()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let gang = json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "train", "namespace": "team-0"}, "spec": {"minMember": 4}});
+    // The one-shot conversion of the same objects, as `plan --snapshot` does it.
+    let one_shot = |nodes: &[core::Node], pods: &[core::Pod], gang: &Value| {
+        let mut objects: Vec<SourcedObject> = Vec::new();
+        objects.push(SourcedObject::new("PodGroup", gang.clone()));
+        let with_kind = |mut v: Value, kind: &str| {
+            v["apiVersion"] = json!("v1");
+            v["kind"] = json!(kind);
+            v
+        };
+        for n in nodes {
+            let origin = format!("Node {}", n.metadata.name.as_deref().unwrap());
+            objects.push(SourcedObject::new(origin, with_kind(serde_json::to_value(n).unwrap(), "Node")));
+        }
+        for p in pods {
+            let m = &p.metadata;
+            let origin = format!("Pod {}/{}", m.namespace.as_deref().unwrap(), m.name.as_deref().unwrap());
+            objects.push(SourcedObject::new(origin, with_kind(serde_json::to_value(p).unwrap(), "Pod")));
+        }
+        convert(&objects).unwrap()
+    };
+    let same = |a: &LoadedSnapshot, b: &LoadedSnapshot| {
+        assert_eq!(serde_json::to_value(&a.snapshot).unwrap(), serde_json::to_value(&b.snapshot).unwrap());
+        assert_eq!(a.warnings, b.warnings);
+    };
+    let mut cache = ConversionCache::default();
+    let mut incremental = |nodes: &[core::Node], pods: &[core::Pod], gang: &Value| {
+        let n: Vec<&core::Node> = nodes.iter().collect();
+        let p: Vec<&core::Pod> = pods.iter().collect();
+        let loaded = cache.convert(&n, &p, &[], std::slice::from_ref(gang), &[]).unwrap();
+        (loaded, cache.counts)
+    };
+    let total = nodes.len() + pods.len();
+    let (first, counts) = incremental(&nodes, &pods, &gang);
+    same(&first, &one_shot(&nodes, &pods, &gang));
+    assert_eq!(counts, ConversionCounts { converted: total, reused: 0 });
+    let (again, counts) = incremental(&nodes, &pods, &gang);
+    same(&again, &first);
+    assert_eq!(counts, ConversionCounts { converted: 0, reused: total });
+
+    // A pending pod asks for more; a node is gone; a pod is new.
+    let pending = pods.iter().position(|p| p.spec.as_ref().unwrap().node_name.is_none()).unwrap();
+    let requests = pods[pending].spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap();
+    requests
+        .requests
+        .as_mut()
+        .unwrap()
+        .insert("cpu".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("3".into()));
+    pods[pending].metadata.resource_version = Some("99999999".into());
+    nodes.pop();
+    let mut new = pods[pending].clone();
+    new.metadata.name = Some("brand-new".into());
+    new.metadata.uid = Some("uid-brand-new".into());
+    pods.push(new);
+    let (changed, counts) = incremental(&nodes, &pods, &gang);
+    same(&changed, &one_shot(&nodes, &pods, &gang));
+    assert_eq!(counts, ConversionCounts { converted: 2, reused: nodes.len() + pods.len() - 2 });
+    let cpu = |l: &LoadedSnapshot, name: &str| {
+        l.snapshot.workloads.iter().find(|w| w.id.ends_with(&format!("/{name}"))).unwrap().requests.cpu_milli
+    };
+    assert_eq!(cpu(&changed, "brand-new"), 3000);
+
+    // A PodGroup's size changes what every pod of the gang is: all pods are converted again.
+    let mut bigger = gang.clone();
+    bigger["spec"]["minMember"] = json!(8);
+    let (regrouped, counts) = incremental(&nodes, &pods, &bigger);
+    same(&regrouped, &one_shot(&nodes, &pods, &bigger));
+    assert_eq!(counts, ConversionCounts { converted: pods.len(), reused: nodes.len() });
+}

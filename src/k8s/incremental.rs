@@ -1,0 +1,172 @@
+//! Conversion kept between controller loops. Each Node and Pod is converted when it changes (a
+//! new `resourceVersion`) and its result reused until then, so a loop over a 5,000-node,
+//! 60,000-pod cluster converts what changed, not the cluster. Assembling the snapshot (pods onto
+//! nodes, devices, storage, budgets) is the same step every source goes through, so the result is
+//! the snapshot [`super::convert`] makes of the same objects.
+
+use super::decode::{self, Decoded, PodEntry};
+use super::{convert_node, convert_pod, convert_pod_group, volume, ConvertedNode, ConvertedPod};
+use super::{LoadedSnapshot, SnapshotError, SourcedObject};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use rayon::prelude::*;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+
+/// One object's conversion and what it said, valid for one version of the object.
+struct Entry<T> {
+    version: String,
+    converted: T,
+    warnings: Vec<String>,
+}
+
+/// One object's conversion and what it said, or why it failed.
+type Converted<T> = Result<(T, Vec<String>), SnapshotError>;
+
+/// What a loop converted and reused, for logs and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConversionCounts {
+    /// Nodes and pods converted this time (new or changed).
+    pub converted: usize,
+    /// Nodes and pods whose earlier conversion was reused.
+    pub reused: usize,
+}
+
+/// The conversions of the objects seen last time, by uid. Objects without a uid or
+/// `resourceVersion` (never so from an API server) are converted every time.
+#[derive(Default)]
+pub struct ConversionCache {
+    nodes: HashMap<String, Entry<ConvertedNode>>,
+    pods: HashMap<String, Entry<Option<ConvertedPod>>>,
+    /// Gang sizes from PodGroups the cached pods were converted with: a change converts every
+    /// pod again.
+    pod_groups: BTreeMap<String, u32>,
+    /// The last call's counts.
+    pub counts: ConversionCounts,
+}
+
+fn identity(meta: &ObjectMeta) -> Option<(&str, &str)> {
+    Some((meta.uid.as_deref()?, meta.resource_version.as_deref()?))
+}
+
+/// Converts the misses of `objects` in parallel and keeps them; the conversions in object order,
+/// taken from `cache` or made now. An object that fails to convert is not kept: it fails again
+/// next time, with its error.
+fn convert_kind<K: Sync, T: Clone + Send>(
+    objects: &[&K],
+    meta: impl Fn(&K) -> &ObjectMeta + Sync,
+    origin: impl Fn(&K) -> String + Sync,
+    cache: &mut HashMap<String, Entry<T>>,
+    convert: impl Fn(&K, &str, &mut Vec<String>) -> Result<T, SnapshotError> + Sync,
+    counts: &mut ConversionCounts,
+) -> Vec<(String, Converted<T>)> {
+    let fresh: Vec<Option<(T, Vec<String>)>> = objects
+        .iter()
+        .map(|k| {
+            let (uid, version) = identity(meta(k))?;
+            let e = cache.get(uid).filter(|e| e.version == version)?;
+            Some((e.converted.clone(), e.warnings.clone()))
+        })
+        .collect();
+    let hits: Vec<bool> = fresh.iter().map(Option::is_some).collect();
+    let made: Vec<Option<Converted<T>>> = objects
+        .par_iter()
+        .zip(&hits)
+        .map(|(k, &hit)| {
+            (!hit).then(|| {
+                let mut warnings = Vec::new();
+                convert(k, &origin(k), &mut warnings).map(|c| (c, warnings))
+            })
+        })
+        .collect();
+    let mut kept = HashMap::with_capacity(objects.len());
+    let mut out = Vec::with_capacity(objects.len());
+    for ((k, hit), made) in objects.iter().zip(fresh).zip(made) {
+        let result = match (hit, made) {
+            (Some(hit), _) => {
+                counts.reused += 1;
+                Ok(hit)
+            }
+            (None, Some(made)) => {
+                counts.converted += 1;
+                made
+            }
+            (None, None) => unreachable!("every miss is converted"),
+        };
+        if let (Some((uid, version)), Ok((converted, warnings))) = (identity(meta(k)), &result) {
+            let entry = Entry {
+                version: version.to_string(),
+                converted: converted.clone(),
+                warnings: warnings.clone(),
+            };
+            kept.insert(uid.to_string(), entry);
+        }
+        out.push((origin(k), result));
+    }
+    // Objects gone since last time are forgotten.
+    *cache = kept;
+    out
+}
+
+impl ConversionCache {
+    /// The snapshot of these objects, in this order (origins `Node <name>`, `Pod <ns>/<name>`,
+    /// `PodDisruptionBudget <ns>/<name>`, `PodGroup`); `others` (claims, volumes, storage classes)
+    /// are decoded from JSON every time, being few. The same errors and warnings as
+    /// [`super::convert`] of the same objects.
+    pub fn convert(
+        &mut self,
+        nodes: &[&Node],
+        pods: &[&Pod],
+        pdbs: &[&PodDisruptionBudget],
+        pod_groups: &[Value],
+        others: &[SourcedObject],
+    ) -> Result<LoadedSnapshot, SnapshotError> {
+        self.counts = ConversionCounts::default();
+        let mut sizes = BTreeMap::new();
+        for g in pod_groups {
+            let (name, size) = convert_pod_group(g, "PodGroup")?;
+            sizes.insert(name, size);
+        }
+        if sizes != self.pod_groups {
+            self.pods.clear();
+            self.pod_groups = sizes.clone();
+        }
+        let name = |meta: &ObjectMeta| match &meta.namespace {
+            Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
+            None => meta.name.clone().unwrap_or_default(),
+        };
+        let converted_nodes = convert_kind(
+            nodes,
+            |n: &Node| &n.metadata,
+            |n: &Node| format!("Node {}", name(&n.metadata)),
+            &mut self.nodes,
+            convert_node,
+            &mut self.counts,
+        );
+        let converted_pods = convert_kind(
+            pods,
+            |p: &Pod| &p.metadata,
+            |p: &Pod| format!("Pod {}", name(&p.metadata)),
+            &mut self.pods,
+            |p, origin, warnings| convert_pod(p, origin, &sizes, warnings),
+            &mut self.counts,
+        );
+        let mut objects: Vec<(String, Decoded)> =
+            Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len() + others.len());
+        objects.extend(converted_nodes.into_iter().map(|(origin, c)| (origin, Decoded::Node(c))));
+        for ((origin, converted), k) in converted_pods.into_iter().zip(pods) {
+            let with_claims = volume::Storage::uses_claims(k).then(|| Box::new((*k).clone()));
+            objects.push((origin, Decoded::Pod(PodEntry { converted, with_claims })));
+        }
+        for b in pdbs {
+            objects.push((
+                format!("PodDisruptionBudget {}", name(&b.metadata)),
+                Decoded::Pdb(Box::new((*b).clone())),
+            ));
+        }
+        objects.extend(pod_groups.iter().map(|_| ("PodGroup".to_string(), Decoded::PodGroup)));
+        objects.extend(decode::decode_all(others)?);
+        super::convert_decoded(objects)
+    }
+}
