@@ -64,6 +64,50 @@ fn burst_scales_up_then_down_and_costs_at_least_the_bound() {
     assert!(st.samples[0].capacity_gpus >= 10.0);
 }
 
+/// The replay runs the controller's decision step with the controller's settings: the same
+/// defaults (one place: `planner::decide::DecideSettings`, which `controller:` overrides).
+#[test]
+fn the_replay_decides_with_the_controllers_settings() {
+    let controller = gpuscale::controller::config::ControllerConfig::default();
+    assert_eq!(AutoscaleConfig::default().decide, controller.decide_settings());
+}
+
+/// A scripted scenario through the replay: the exact commands of the decision step the controller
+/// runs. One whole-GPU pod arriving at 0 and running 30 min: the cheapest group that holds it
+/// (V100M16) is raised at once; the node is Ready after the 120 s boot, the pod runs until
+/// 120 + 1800 = 1920 s, and the empty node is drained 600 s (`scaleDownUnneededSeconds`) later, at
+/// 2520 s, as the controller would (the replay's own rule, removing an empty node after the boot
+/// time, is gone).
+#[test]
+fn a_scripted_scenario_gives_the_controllers_commands() {
+    use gpuscale::planner::decide::Command;
+    let (groups, mut cloud) = autoscale::openb_groups().unwrap();
+    cloud.capacity_error_rate = 0.0;
+    let w = pod("p0", 8000, 16384, GpuDemand::Whole { count: 1 });
+    let jobs = jobs(vec![(w, 0, 1800)], 1);
+    let cfg = AutoscaleConfig { cloud, consolidation: false, ..Default::default() };
+    let run = autoscale::run(&jobs, &groups, Autoscaler::Gpuscale, &cfg);
+    let v100 = groups.iter().find(|g| g.instance_type == "openb-v100m16").unwrap().id.clone();
+    let node = match run.commands.iter().find(|(_, c)| matches!(c, Command::DrainNode { .. })) {
+        Some((_, Command::DrainNode { node, .. })) => node.clone(),
+        _ => panic!("no drain: {:?}", run.commands),
+    };
+    let reason = |c: &Command| match c {
+        Command::DrainNode { reason, .. } => reason.clone(),
+        _ => String::new(),
+    };
+    let drain_reason = reason(&run.commands[1].1);
+    assert_eq!(
+        run.commands,
+        vec![
+            (0, Command::ScaleGroup { group: v100, from: 0, to: 1, pods: vec!["p0".into()], gang: false }),
+            (2520, Command::DrainNode { node: node.clone(), reason: drain_reason }),
+            (2520, Command::AdvanceDrain { node, wanted: true }),
+        ]
+    );
+    assert_eq!(run.samples.last().unwrap().capacity_gpus, 0.0);
+}
+
 #[test]
 fn ca_whole_gpu_view_buys_more_than_gpuscale_for_fractional_pods() {
     let (groups, _) = autoscale::openb_groups().unwrap();
