@@ -256,7 +256,11 @@ fn cli_writes_table_csv_and_svg() {
 
 /// The targets on the default replay (the busiest day of the openb default trace, the
 /// embedded groups, default settings): at most 1.25x the lower bound and at least 25% below the
-/// Cluster-Autoscaler-like baseline at equal or better p95 pending time.
+/// Cluster-Autoscaler-like baseline at equal or better p95 pending time. Since the replay runs the
+/// controller's decision step (empty nodes kept the controller's 10 minutes, not the boot time) the
+/// margin is thin on this seed (1.225x, 25.1%) and the 25% target is missed on cloud seeds 1, 3
+/// and 5 (docs/autoscaling-replay.md); the test holds the product to the target on the published
+/// seed rather than relaxing it.
 #[test]
 fn default_replay_meets_the_cost_targets() {
     let pods = openb::read_pods(&trace_dir().join("openb_pod_list_default.csv")).unwrap();
