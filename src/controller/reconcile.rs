@@ -19,8 +19,8 @@ use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
 use crate::model::{ErrorClass, InstanceState, NodeGroup, NodeState};
-use crate::planner::decide::{self, decide, Command, Observed, Replacing};
-use crate::planner::{self, cluster::group_of, PlanInput, PlannerSettings};
+use crate::planner::decide::{self, decide, Command, DecideSettings, Observed, Replacing};
+use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
 use futures::StreamExt;
@@ -579,25 +579,18 @@ impl Controller {
         }
         let gangs_in_flight = state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
         busy |= !gangs_in_flight.is_empty();
-        // The decision step: the same one the replays run. What is under way comes from the marks
-        // on the Node objects; only the timers are kept in memory.
-        state.decide.replacing = view
-            .replacing
-            .iter()
-            .map(|(n, m)| {
-                let r = Replacing {
-                    group: m.group.clone(),
-                    target: m.target,
-                    requested_at: m.requested_at.as_second(),
-                };
-                (n.clone(), r)
-            })
-            .collect();
-        state.decide.draining = view.drains.keys().cloned().collect();
+        // The decision step: the same one the replays run.
         let observed =
             Observed { snapshot: &view.snapshot, groups: &groups, gangs_in_flight: &gangs_in_flight };
-        let (commands, next) =
-            decide(&plan, &state.decide, observed, now.as_second(), &cfg.decide_settings());
+        let (commands, next) = decide_from_marks(
+            &plan,
+            &state.decide,
+            &view.replacing,
+            &view.drains,
+            observed,
+            now,
+            &cfg.decide_settings(),
+        );
         state.decide = next;
         busy |= self.execute(commands, &mut view, &groups, state, now).await?;
         Ok(busy)
@@ -913,5 +906,193 @@ impl Controller {
         self.actuator.delete_node(node).await?;
         self.observer.node_deleted(node, &group.id);
         Ok(())
+    }
+}
+
+/// The decision step as the controller runs it: what is under way (replacements, drains) comes
+/// from the marks on the Node objects, only the timers from memory, so a restart or a new leader
+/// decides as this process would have.
+#[allow(clippy::too_many_arguments)]
+fn decide_from_marks(
+    plan: &Plan,
+    timers: &decide::LoopState,
+    replacing: &BTreeMap<String, drain::ReplaceMarks>,
+    drains: &BTreeMap<String, drain::DrainMarks>,
+    observed: Observed<'_>,
+    now: Timestamp,
+    settings: &DecideSettings,
+) -> (Vec<Command>, decide::LoopState) {
+    let state = decide::LoopState {
+        unneeded_since: timers.unneeded_since.clone(),
+        replacing: replacing
+            .iter()
+            .map(|(n, m)| {
+                let r = Replacing {
+                    group: m.group.clone(),
+                    target: m.target,
+                    requested_at: m.requested_at.as_second(),
+                };
+                (n.clone(), r)
+            })
+            .collect(),
+        draining: drains.keys().cloned().collect(),
+    };
+    decide(plan, &state, observed, now.as_second(), settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ClusterSnapshot, Instance, Resources, Workload};
+    use crate::planner::{Replace, ScaleDown};
+
+    /// The replay threads the step's own state; the controller re-reads replacements and drains
+    /// from the Node annotations its commands wrote (through `drain::replace_marks_of`, as the
+    /// snapshot does). On a scripted sequence of plans and times both must give the same commands.
+    #[test]
+    fn the_controller_and_the_replay_give_the_same_commands_on_a_scripted_scenario() {
+        let (all, _) = crate::sim::autoscale::openb_groups().unwrap();
+        let mut groups: Vec<NodeGroup> =
+            all.into_iter().filter(|g| g.id.ends_with("/g3") || g.id.ends_with("/g2")).collect();
+        let dear = groups.iter().position(|g| g.id.ends_with("/g3")).unwrap();
+        let cheap_id = groups[1 - dear].id.clone();
+        let mut snapshot = ClusterSnapshot::default();
+        for (gi, name) in [(dear, "dear-1"), (dear, "dear-2")] {
+            let mut n = crate::planner::cluster::template_node(&groups[gi], name.into(), NodeState::Ready);
+            n.provider_id = Some(name.into());
+            groups[gi].instances.push(Instance { id: name.into(), state: InstanceState::Running });
+            groups[gi].target_size += 1;
+            snapshot.nodes.push(n);
+        }
+        snapshot.workloads.push(Workload {
+            id: "default/p".into(),
+            requests: Resources::new(1000, 1024),
+            node_name: Some("dear-1".into()),
+            devices: Some(Default::default()),
+            ..Default::default()
+        });
+        let replace = Replace {
+            node: "dear-1".into(),
+            group: String::new(),
+            replacement_group: cheap_id.clone(),
+            pods: vec!["default/p".into()],
+            saving_per_hour: 0,
+        };
+        let remove = ScaleDown {
+            node: "dear-2".into(),
+            group: String::new(),
+            instance: None,
+            moves: vec![],
+            reason: "empty".into(),
+            saving_per_hour: 0,
+        };
+        let both = Plan {
+            replacements: vec![replace.clone()],
+            scale_downs: vec![remove.clone()],
+            ..Default::default()
+        };
+        let only_replace = Plan { replacements: vec![replace], ..Default::default() };
+        // Unix times with fractions of a second, as the controller's clock gives them.
+        let t0 = 1_800_000_000.5_f64;
+        let script: Vec<(f64, &Plan)> = vec![
+            (0.0, &both),
+            (300.0, &only_replace),
+            (599.0, &both),
+            (600.0, &both),
+            (610.0, &both),
+            (1199.0, &both),
+            (1200.0, &both),
+            (1501.0, &both),
+            (1502.0, &both),
+        ];
+        let settings = DecideSettings::default();
+        let none = BTreeSet::new();
+        let observed = Observed { snapshot: &snapshot, groups: &groups, gangs_in_flight: &none };
+        let at = |dt: f64| Timestamp::from_nanosecond(((t0 + dt) * 1e9) as i128).unwrap();
+
+        let mut replay_state = decide::LoopState::default();
+        let mut replay = Vec::new();
+        let (mut timers, mut annotations, mut drains) = (
+            decide::LoopState::default(),
+            BTreeMap::<String, BTreeMap<String, String>>::new(),
+            BTreeMap::new(),
+        );
+        let mut controller = Vec::new();
+        for (dt, plan) in script {
+            let now = at(dt);
+            let (commands, next) = decide(plan, &replay_state, observed, now.as_second(), &settings);
+            replay.push(commands);
+            replay_state = next;
+
+            let replacing: BTreeMap<String, drain::ReplaceMarks> = annotations
+                .iter()
+                .filter_map(|(n, a)| Some((n.clone(), drain::replace_marks_of(a)?)))
+                .collect();
+            let (commands, next) =
+                decide_from_marks(plan, &timers, &replacing, &drains, observed, now, &settings);
+            timers = next;
+            // The marks the controller's writes leave on the Nodes (`execute`, `KubeActuator`).
+            for c in &commands {
+                match c {
+                    Command::RequestReplacement { node, group, target, .. } => {
+                        let a = annotations.entry(node.clone()).or_default();
+                        a.insert(drain::REPLACE_WITH.into(), group.clone());
+                        a.insert(drain::REPLACE_TARGET.into(), target.to_string());
+                        a.insert(drain::REPLACE_REQUESTED_AT.into(), now.to_string());
+                    }
+                    Command::GiveUpReplacement { node, .. } => {
+                        annotations.remove(node);
+                    }
+                    Command::DrainNode { node, reason } => {
+                        let marks = drain::DrainMarks {
+                            started_at: now,
+                            reason: reason.clone(),
+                            evicted: false,
+                            was_cordoned: false,
+                        };
+                        drains.insert(node.clone(), marks);
+                    }
+                    _ => {}
+                }
+            }
+            controller.push(commands);
+        }
+        assert_eq!(controller, replay);
+        // And what they both did: dear-2, out of the plan at 300 s, is timed again from 599 s and
+        // drained 600 s later; dear-1's replacement is requested 600 s after 0, re-raised while its
+        // group stays below the request, given up more than 900 s after the request (at 1501 s) and
+        // requested anew at once, since the plan still replaces the node.
+        let kinds: Vec<Vec<String>> = replay
+            .iter()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| match c {
+                        Command::ScaleGroup { .. } => "scale".to_string(),
+                        Command::DrainNode { node, .. } => format!("drain {node}"),
+                        Command::AdvanceDrain { node, .. } => format!("advance {node}"),
+                        Command::RequestReplacement { node, target, .. } => {
+                            format!("request {node} {target}")
+                        }
+                        Command::ReraiseReplacement { node, .. } => format!("reraise {node}"),
+                        Command::GiveUpReplacement { node, .. } => format!("give up {node}"),
+                    })
+                    .collect()
+            })
+            .collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            kinds,
+            vec![
+                s(&[]),
+                s(&[]),
+                s(&[]),
+                s(&["request dear-1 1"]),
+                s(&["reraise dear-1"]),
+                s(&["reraise dear-1", "drain dear-2", "advance dear-2"]),
+                s(&["reraise dear-1", "advance dear-2"]),
+                s(&["give up dear-1", "request dear-1 1", "advance dear-2"]),
+                s(&["reraise dear-1", "advance dear-2"]),
+            ]
+        );
     }
 }
