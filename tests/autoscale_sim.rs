@@ -64,6 +64,50 @@ fn burst_scales_up_then_down_and_costs_at_least_the_bound() {
     assert!(st.samples[0].capacity_gpus >= 10.0);
 }
 
+/// The replay runs the controller's decision step with the controller's settings: the same
+/// defaults (one place: `planner::decide::DecideSettings`, which `controller:` overrides).
+#[test]
+fn the_replay_decides_with_the_controllers_settings() {
+    let controller = gpuscale::controller::config::ControllerConfig::default();
+    assert_eq!(AutoscaleConfig::default().decide, controller.decide_settings());
+}
+
+/// A scripted scenario through the replay: the exact commands of the decision step the controller
+/// runs. One whole-GPU pod arriving at 0 and running 30 min: the cheapest group that holds it
+/// (V100M16) is raised at once; the node is Ready after the 120 s boot, the pod runs until
+/// 120 + 1800 = 1920 s, and the empty node is drained 600 s (`scaleDownUnneededSeconds`) later, at
+/// 2520 s, as the controller would (the replay's own rule, removing an empty node after the boot
+/// time, is gone).
+#[test]
+fn a_scripted_scenario_gives_the_controllers_commands() {
+    use gpuscale::planner::decide::Command;
+    let (groups, mut cloud) = autoscale::openb_groups().unwrap();
+    cloud.capacity_error_rate = 0.0;
+    let w = pod("p0", 8000, 16384, GpuDemand::Whole { count: 1 });
+    let jobs = jobs(vec![(w, 0, 1800)], 1);
+    let cfg = AutoscaleConfig { cloud, consolidation: false, ..Default::default() };
+    let run = autoscale::run(&jobs, &groups, Autoscaler::Gpuscale, &cfg);
+    let v100 = groups.iter().find(|g| g.instance_type == "openb-v100m16").unwrap().id.clone();
+    let node = match run.commands.iter().find(|(_, c)| matches!(c, Command::DrainNode { .. })) {
+        Some((_, Command::DrainNode { node, .. })) => node.clone(),
+        _ => panic!("no drain: {:?}", run.commands),
+    };
+    let reason = |c: &Command| match c {
+        Command::DrainNode { reason, .. } => reason.clone(),
+        _ => String::new(),
+    };
+    let drain_reason = reason(&run.commands[1].1);
+    assert_eq!(
+        run.commands,
+        vec![
+            (0, Command::ScaleGroup { group: v100, from: 0, to: 1, pods: vec!["p0".into()], gang: false }),
+            (2520, Command::DrainNode { node: node.clone(), reason: drain_reason }),
+            (2520, Command::AdvanceDrain { node, wanted: true }),
+        ]
+    );
+    assert_eq!(run.samples.last().unwrap().capacity_gpus, 0.0);
+}
+
 #[test]
 fn ca_whole_gpu_view_buys_more_than_gpuscale_for_fractional_pods() {
     let (groups, _) = autoscale::openb_groups().unwrap();
@@ -212,7 +256,11 @@ fn cli_writes_table_csv_and_svg() {
 
 /// The targets on the default replay (the busiest day of the openb default trace, the
 /// embedded groups, default settings): at most 1.25x the lower bound and at least 25% below the
-/// Cluster-Autoscaler-like baseline at equal or better p95 pending time.
+/// Cluster-Autoscaler-like baseline at equal or better p95 pending time. Since the replay runs the
+/// controller's decision step (empty nodes kept the controller's 10 minutes, not the boot time) the
+/// margin is thin on this seed (1.225x, 25.1%) and the 25% target is missed on cloud seeds 1, 3
+/// and 5 (docs/autoscaling-replay.md); the test holds the product to the target on the published
+/// seed rather than relaxing it.
 #[test]
 fn default_replay_meets_the_cost_targets() {
     let pods = openb::read_pods(&trace_dir().join("openb_pod_list_default.csv")).unwrap();

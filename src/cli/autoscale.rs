@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
+use gpuscale::planner::decide::DecideSettings;
 use gpuscale::providers::config::{self, ProviderKind};
 use gpuscale::providers::simulated::SimulationSettings;
 use gpuscale::sim::autoscale::{self, AutoscaleConfig, Comparison};
@@ -29,13 +30,10 @@ pub struct AutoscaleArgs {
     /// Autoscaler loop period in seconds of virtual time.
     #[arg(long, default_value_t = 10)]
     interval_seconds: u64,
-    /// Minutes a node must stay removable before it is removed (both autoscalers).
-    #[arg(long, default_value_t = 10)]
-    unneeded_minutes: u64,
-    /// Seconds gpuscale keeps an empty node before removing it (default: the boot time, the
-    /// ski-rental rule).
+    /// Minutes a node must stay removable before it is removed, empty or not (both autoscalers;
+    /// default: the controller's `scaleDownUnneededSeconds`).
     #[arg(long)]
-    empty_unneeded_seconds: Option<u64>,
+    unneeded_minutes: Option<f64>,
     /// gpuscale's scale-down threshold: GPU nodes allocated below this share are removal
     /// candidates when their pods fit elsewhere; 1.0 (the default): every node is (Karpenter's
     /// rule), 0.5: Cluster Autoscaler's.
@@ -102,10 +100,13 @@ pub fn run(
         groups = groups.len(),
         "autoscaling replay"
     );
+    let defaults = DecideSettings::default();
     let cfg = AutoscaleConfig {
         interval: args.interval_seconds,
-        unneeded: args.unneeded_minutes * 60,
-        unneeded_empty: args.empty_unneeded_seconds,
+        decide: DecideSettings {
+            unneeded_seconds: args.unneeded_minutes.map_or(defaults.unneeded_seconds, |m| m * 60.0),
+            ..defaults
+        },
         seed,
         scale_down_utilization: args.scale_down_utilization,
         consolidation: !args.no_consolidation,

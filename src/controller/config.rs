@@ -1,6 +1,7 @@
 //! The `controller:` section of the gpuscale config file: how the in-cluster loop batches, drains,
 //! waits for new nodes and elects its leader.
 
+use crate::planner::decide::DecideSettings;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -71,11 +72,11 @@ impl Default for ControllerConfig {
             batch_idle_seconds: 1.0,
             batch_max_seconds: 10.0,
             resync_seconds: 10.0,
-            scale_down_unneeded_seconds: 600.0,
+            scale_down_unneeded_seconds: DecideSettings::default().unneeded_seconds,
             drain_grace_cap_seconds: 600.0,
             drain_timeout_seconds: 3600.0,
             training: TrainingProtection::default(),
-            registration_timeout_seconds: 900.0,
+            registration_timeout_seconds: DecideSettings::default().registration_timeout_seconds,
             gang_timeout_seconds: 600.0,
             lease: LeaseConfig::default(),
         }
@@ -114,6 +115,14 @@ pub fn secs(s: f64) -> Duration {
 }
 
 impl ControllerConfig {
+    /// The decision step's settings (`planner::decide`), which this section sets.
+    pub fn decide_settings(&self) -> DecideSettings {
+        DecideSettings {
+            unneeded_seconds: self.scale_down_unneeded_seconds,
+            registration_timeout_seconds: self.registration_timeout_seconds,
+        }
+    }
+
     /// Problems with the values, as `(field, value, reason)`.
     pub fn problems(&self) -> Vec<(String, String, String)> {
         let mut out = Vec::new();

@@ -18,11 +18,11 @@ use super::readiness;
 use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
-use crate::model::{ErrorClass, InstanceState, NodeGroup, NodeState, OwnerKind, Workload};
+use crate::model::{ErrorClass, InstanceState, NodeGroup, NodeState};
+use crate::planner::decide::{self, decide, Command, DecideSettings, Observed, Replacing};
 use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
-use crate::scheduler::fit;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -181,7 +181,8 @@ struct Stores {
 struct LoopState {
     batcher: Batcher,
     first_seen: BTreeMap<String, Timestamp>,
-    unneeded_since: BTreeMap<String, Timestamp>,
+    /// The decision step's memory (timers; what is under way is re-read from the Nodes).
+    decide: decide::LoopState,
     gangs_in_flight: Arc<Mutex<BTreeSet<String>>>,
     /// Whether this leadership term has resumed the gang scale-ups recorded by earlier leaders.
     gangs_resumed: bool,
@@ -403,7 +404,7 @@ impl Controller {
         let mut state = LoopState {
             batcher: Batcher::new(secs(cfg.batch_idle_seconds), secs(cfg.batch_max_seconds)),
             first_seen: BTreeMap::new(),
-            unneeded_since: BTreeMap::new(),
+            decide: decide::LoopState::default(),
             gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
             gangs_resumed: false,
             evicted_at: BTreeMap::new(),
@@ -580,11 +581,22 @@ impl Controller {
             self.resume_gangs(state, now).await?;
             state.gangs_resumed = true;
         }
-        busy |= !state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
-        self.scale_up(&plan, &view, state, now).await;
-        self.replace(&plan, &mut view, &groups, state, now).await?;
-        busy |= !view.replacing.is_empty();
-        busy |= self.drain(&plan, &mut view, &groups, state, now).await?;
+        let gangs_in_flight = state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        busy |= !gangs_in_flight.is_empty();
+        // The decision step: the same one the replays run.
+        let observed =
+            Observed { snapshot: &view.snapshot, groups: &groups, gangs_in_flight: &gangs_in_flight };
+        let (commands, next) = decide_from_marks(
+            &plan,
+            &state.decide,
+            &view.replacing,
+            &view.drains,
+            observed,
+            now,
+            &cfg.decide_settings(),
+        );
+        state.decide = next;
+        busy |= self.execute(commands, &mut view, &groups, state, now).await?;
         Ok(busy)
     }
 
@@ -611,63 +623,54 @@ impl Controller {
         self.observer.backoff(&s.group, &s.reason);
     }
 
-    /// Raises group targets; groups with gang members grow all-or-nothing in a background task.
-    async fn scale_up(&self, plan: &Plan, view: &ClusterView, state: &mut LoopState, now: Timestamp) {
-        let gang_of: BTreeMap<&str, &str> = view
-            .snapshot
-            .workloads
-            .iter()
-            .filter_map(|w| w.gang.as_deref().map(|g| (w.id.as_str(), g)))
-            .collect();
-        for su in &plan.scale_ups {
-            let Some(provider) = self.providers.provider_of(&su.group) else {
-                self.observer.scale_up_failed(&su.group, "no configured account owns the group");
-                continue;
-            };
-            let gangs: BTreeSet<&str> =
-                su.pods.iter().filter_map(|p| gang_of.get(p.as_str()).copied()).collect();
-            if state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).contains(&su.group) {
-                tracing::info!(group = %su.group, "gang scale-up of the group still in progress; not raising it again");
-                continue;
-            }
-            if !self.leading() {
-                return;
-            }
-            if gangs.is_empty() {
-                match provider.set_target_size(&su.group, su.to).await {
-                    Ok(()) => self.observer.scaled_up(&su.group, su.from, su.to, &su.pods),
-                    Err(e) => {
-                        self.observer.scale_up_failed(&su.group, &e.to_string());
-                        if let Some(b) = provider.group_backoff(&su.group) {
-                            self.observer
-                                .backoff(&su.group, &format!("{e} (failure {} in a row)", b.failures));
-                        }
+    /// Raises a group's target; a raise for gang members is all-or-nothing, in a background task.
+    #[allow(clippy::too_many_arguments)]
+    async fn scale_group(
+        &self,
+        group: &str,
+        from: u32,
+        to: u32,
+        pods: &[String],
+        gang: bool,
+        state: &mut LoopState,
+        now: Timestamp,
+    ) {
+        let Some(provider) = self.providers.provider_of(group) else {
+            self.observer.scale_up_failed(group, "no configured account owns the group");
+            return;
+        };
+        if !gang {
+            match provider.set_target_size(group, to).await {
+                Ok(()) => self.observer.scaled_up(group, from, to, pods),
+                Err(e) => {
+                    self.observer.scale_up_failed(group, &e.to_string());
+                    if let Some(b) = provider.group_backoff(group) {
+                        self.observer.backoff(group, &format!("{e} (failure {} in a row)", b.failures));
                     }
                 }
-                continue;
             }
-            // Gang: record it (so the next leader can finish it), raise and wait for every new
-            // instance to run, or roll back; fenced throughout.
-            let growth = vec![GroupGrowth { group: su.group.clone(), to: su.to }];
-            let timeout = secs(self.options.config.gang_timeout_seconds);
-            let record = match prepare_gang(provider, &growth, timeout, now.as_second()).await {
-                Ok(r) => r,
-                Err(e) => {
-                    self.observer.scale_up_failed(&su.group, &e.to_string());
-                    continue;
-                }
-            };
-            let key = crate::controller::actuate::gang_key(&su.group);
-            let (ns, cm) = (self.options.namespace.clone(), self.gang_config_map());
-            if let Err(e) = self.actuator.put_gang_record(&ns, &cm, &key, Some(&record)).await {
-                self.observer.scale_up_failed(&su.group, &format!("recording the gang scale-up: {e}"));
-                continue;
-            }
-            self.observer.scaled_up(&su.group, su.from, su.to, &su.pods);
-            let gang_names: Vec<String> = gangs.iter().map(|g| g.to_string()).collect();
-            tracing::info!(group = %su.group, gangs = ?gang_names, "gang scale-up started");
-            self.spawn_gang(state, key, record, true, timeout);
+            return;
         }
+        // Gang: record it (so the next leader can finish it), raise and wait for every new
+        // instance to run, or roll back; fenced throughout.
+        let growth = vec![GroupGrowth { group: group.to_string(), to }];
+        let timeout = secs(self.options.config.gang_timeout_seconds);
+        let record = match prepare_gang(provider, &growth, timeout, now.as_second()).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.observer.scale_up_failed(group, &e.to_string());
+                return;
+            }
+        };
+        let key = crate::controller::actuate::gang_key(group);
+        let (ns, cm) = (self.options.namespace.clone(), self.gang_config_map());
+        if let Err(e) = self.actuator.put_gang_record(&ns, &cm, &key, Some(&record)).await {
+            self.observer.scale_up_failed(group, &format!("recording the gang scale-up: {e}"));
+            return;
+        }
+        self.observer.scaled_up(group, from, to, pods);
+        tracing::info!(%group, "gang scale-up started");
+        self.spawn_gang(state, key, record, true, timeout);
     }
 
     /// Gang scale-ups another leader recorded and did not finish: each is resumed (never raised
@@ -753,201 +756,119 @@ impl Controller {
         });
     }
 
-    /// Consolidation: a node the plan replaces by a cheaper one, replaceable for the unneeded time,
-    /// gets its replacement requested (marks on the node first, then the group raised, so a new
-    /// leader neither raises twice nor forgets it); once a Ready node of that group holds its pods,
-    /// the node is drained like any other. A replacement that is not Ready within the
-    /// registration timeout is given up and the node stays.
-    async fn replace(
+    /// Carries out the decision step's commands through the clouds and the API, fenced before
+    /// every write. Returns whether work is in progress (drains, replacements). The replacement
+    /// and drain records live on the Node objects (written before the cloud is asked), so a new
+    /// leader neither repeats nor forgets them.
+    async fn execute(
         &self,
-        plan: &Plan,
-        view: &mut ClusterView,
-        groups: &[NodeGroup],
-        state: &LoopState,
-        now: Timestamp,
-    ) -> Result<(), ControllerError> {
-        let cfg = &self.options.config;
-        // Replacements in progress.
-        let in_progress: Vec<(String, drain::ReplaceMarks)> =
-            view.replacing.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
-        for (node, marks) in in_progress {
-            if view.drains.contains_key(&node) || !self.leading() {
-                continue;
-            }
-            let Some(gi) = groups.iter().position(|g| g.id == marks.group) else {
-                self.actuator.clear_replacing(&node).await?;
-                view.replacing.remove(&node);
-                continue;
-            };
-            if let Some(to) = replacement_node(&node, gi, view, groups) {
-                let reason = format!("replaced by the cheaper node {to} of group {}", marks.group);
-                if self.actuator.start_drain(&node, &reason, now).await? {
-                    self.observer.drain_started(&node, &reason);
-                    let marks =
-                        drain::DrainMarks { started_at: now, reason, evicted: false, was_cordoned: false };
-                    view.drains.insert(node.clone(), marks);
-                }
-            } else if now.duration_since(marks.requested_at).unsigned_abs()
-                > secs(cfg.registration_timeout_seconds)
-            {
-                tracing::info!(%node, group = %marks.group, "the replacement did not become Ready in time; keeping the node");
-                self.actuator.clear_replacing(&node).await?;
-                view.replacing.remove(&node);
-            } else if groups[gi].target_size < marks.target {
-                // Marked but not raised (a restart in between): raise now.
-                if let Some(provider) = self.providers.provider_of(&marks.group).filter(|_| self.leading()) {
-                    if let Err(e) = provider.set_target_size(&marks.group, marks.target).await {
-                        self.observer.scale_up_failed(&marks.group, &e.to_string());
-                    }
-                }
-            }
-        }
-        // New requests, for nodes replaceable since at least the unneeded time.
-        for r in &plan.replacements {
-            if view.replacing.contains_key(&r.node) || view.drains.contains_key(&r.node) {
-                continue;
-            }
-            let due = state.unneeded_since.get(&r.node).is_some_and(|since| {
-                now.duration_since(*since).unsigned_abs() >= secs(cfg.scale_down_unneeded_seconds)
-            });
-            let Some(g) = groups.iter().find(|g| g.id == r.replacement_group) else { continue };
-            let Some(provider) = self.providers.provider_of(&g.id) else { continue };
-            if !due || !self.leading() {
-                continue;
-            }
-            // Above the group's target and any replacement already requested from it.
-            let reserved = view.replacing.values().filter(|m| m.group == g.id).map(|m| m.target).max();
-            let target = reserved.unwrap_or(0).max(g.target_size) + 1;
-            if !self.actuator.mark_replacing(&r.node, &g.id, target, now).await? {
-                continue;
-            }
-            let marks = drain::ReplaceMarks { group: g.id.clone(), target, requested_at: now };
-            view.replacing.insert(r.node.clone(), marks);
-            if !self.leading() {
-                return Ok(());
-            }
-            match provider.set_target_size(&g.id, target).await {
-                Ok(()) => {
-                    self.observer.replacement_requested(&r.node, &g.id, g.target_size, target);
-                }
-                Err(e) => {
-                    self.observer.scale_up_failed(&g.id, &e.to_string());
-                    self.actuator.clear_replacing(&r.node).await?;
-                    view.replacing.remove(&r.node);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts drains of nodes unneeded long enough and advances all drains. Returns whether any
-    /// drain is in progress.
-    async fn drain(
-        &self,
-        plan: &Plan,
+        commands: Vec<Command>,
         view: &mut ClusterView,
         groups: &[NodeGroup],
         state: &mut LoopState,
         now: Timestamp,
     ) -> Result<bool, ControllerError> {
         let cfg = &self.options.config;
-        let candidates: BTreeMap<&str, &str> =
-            plan.scale_downs.iter().map(|s| (s.node.as_str(), s.reason.as_str())).collect();
-        // Replaceable nodes are timed too (`replace` requests their replacements).
-        let timed: BTreeSet<&str> =
-            candidates.keys().copied().chain(plan.replacements.iter().map(|r| r.node.as_str())).collect();
-        state.unneeded_since.retain(|n, _| timed.contains(n.as_str()));
-        for node in &timed {
-            state.unneeded_since.entry(node.to_string()).or_insert(now);
-        }
-        // Groups whose new nodes are replacements on their way in: not drained meanwhile.
-        let reserved: BTreeSet<&str> = view.replacing.values().map(|m| m.group.as_str()).collect();
-        let group_name = |node: &str| {
-            view.snapshot
-                .nodes
-                .iter()
-                .find(|n| n.name == node)
-                .and_then(|n| group_of(n, groups))
-                .map(|g| groups[g].id.as_str())
-        };
-        // New drains.
-        for (node, reason) in &candidates {
-            if view.drains.contains_key(*node) {
-                continue;
-            }
-            if group_name(node).is_some_and(|g| reserved.contains(g)) && !view.replacing.contains_key(*node) {
-                continue;
-            }
-            let since = state.unneeded_since[*node];
-            if now.duration_since(since).unsigned_abs() < secs(cfg.scale_down_unneeded_seconds) {
-                continue;
-            }
+        for command in commands {
             if !self.leading() {
                 return Ok(true);
             }
-            if self.actuator.start_drain(node, reason, now).await? {
-                self.observer.drain_started(node, reason);
-                view.drains.insert(
-                    node.to_string(),
-                    drain::DrainMarks {
-                        started_at: now,
-                        reason: reason.to_string(),
-                        evicted: false,
-                        was_cordoned: false,
-                    },
-                );
-            }
-        }
-        // Drains in progress.
-        let drains: Vec<(String, drain::DrainMarks)> =
-            view.drains.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
-        for (node, marks) in drains {
-            if !self.leading() {
-                return Ok(true);
-            }
-            let pods = view.pods_by_node.get(&node).cloned().unwrap_or_default();
-            let wanted = candidates.contains_key(node.as_str()) || view.replacing.contains_key(&node);
-            let step = drain::step(&marks, wanted, &pods, cfg, now);
-            for (pod, reason) in &step.blocked {
-                self.observer.eviction_blocked(pod, &node, reason);
-            }
-            if !step.evict.is_empty() && !marks.evicted {
-                self.actuator.mark_evicting(&node).await?;
-            }
-            state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
-            for id in &step.evict {
-                if !self.leading() {
-                    return Ok(true);
+            match command {
+                Command::ScaleGroup { group, from, to, pods, gang } => {
+                    self.scale_group(&group, from, to, &pods, gang, state, now).await
                 }
-                if state.evicted_at.contains_key(id) {
-                    continue; // evicted already; its deletion has not reached the store yet
-                }
-                let (ns, name) = id.split_once('/').unwrap_or(("default", id));
-                match self.actuator.evict(ns, name).await {
-                    Ok(Eviction::Evicted) => {
-                        tracing::info!(pod = %id, %node, "evicted");
-                        state.evicted_at.insert(id.clone(), Instant::now());
+                Command::RequestReplacement { node, group, from, target } => {
+                    let Some(provider) = self.providers.provider_of(&group) else { continue };
+                    if !self.actuator.mark_replacing(&node, &group, target, now).await? {
+                        continue;
                     }
-                    Ok(Eviction::Gone) => {}
-                    Ok(Eviction::Refused(message)) => self.observer.eviction_blocked(
-                        id,
-                        &node,
-                        &format!("eviction refused (429), retrying later: {message}"),
-                    ),
-                    // One failed eviction does not hold up the others; the next pass retries it.
-                    Err(e) => tracing::warn!(error = %e, "eviction failed; retrying at the next pass"),
+                    let marks = drain::ReplaceMarks { group: group.clone(), target, requested_at: now };
+                    view.replacing.insert(node.clone(), marks);
+                    if !self.leading() {
+                        return Ok(true);
+                    }
+                    match provider.set_target_size(&group, target).await {
+                        Ok(()) => self.observer.replacement_requested(&node, &group, from, target),
+                        Err(e) => {
+                            self.observer.scale_up_failed(&group, &e.to_string());
+                            self.actuator.clear_replacing(&node).await?;
+                            view.replacing.remove(&node);
+                        }
+                    }
                 }
-            }
-            match step.outcome {
-                DrainOutcome::Continue => {}
-                DrainOutcome::Abort { reason } => {
-                    tracing::info!(%node, %reason, "giving the node back");
-                    self.actuator.abort_drain(&node).await?;
+                Command::ReraiseReplacement { group, target, .. } => {
+                    if let Some(provider) = self.providers.provider_of(&group) {
+                        if let Err(e) = provider.set_target_size(&group, target).await {
+                            self.observer.scale_up_failed(&group, &e.to_string());
+                        }
+                    }
                 }
-                DrainOutcome::Finish => self.finish(&node, view, groups).await?,
+                Command::GiveUpReplacement { node, reason } => {
+                    tracing::info!(%node, %reason, "giving the replacement up; keeping the node");
+                    self.actuator.clear_replacing(&node).await?;
+                    view.replacing.remove(&node);
+                }
+                Command::DrainNode { node, reason } => {
+                    if self.actuator.start_drain(&node, &reason, now).await? {
+                        self.observer.drain_started(&node, &reason);
+                        let marks = drain::DrainMarks {
+                            started_at: now,
+                            reason,
+                            evicted: false,
+                            was_cordoned: false,
+                        };
+                        view.drains.insert(node, marks);
+                    }
+                }
+                Command::AdvanceDrain { node, wanted } => {
+                    let Some(marks) = view.drains.get(&node).cloned() else { continue };
+                    let pods = view.pods_by_node.get(&node).cloned().unwrap_or_default();
+                    let step = drain::step(&marks, wanted, &pods, cfg, now);
+                    for (pod, reason) in &step.blocked {
+                        self.observer.eviction_blocked(pod, &node, reason);
+                    }
+                    if !step.evict.is_empty() && !marks.evicted {
+                        self.actuator.mark_evicting(&node).await?;
+                    }
+                    state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
+                    for id in &step.evict {
+                        if !self.leading() {
+                            return Ok(true);
+                        }
+                        if state.evicted_at.contains_key(id) {
+                            continue; // evicted already; its deletion has not reached the store yet
+                        }
+                        let (ns, name) = id.split_once('/').unwrap_or(("default", id));
+                        match self.actuator.evict(ns, name).await {
+                            Ok(Eviction::Evicted) => {
+                                tracing::info!(pod = %id, %node, "evicted");
+                                state.evicted_at.insert(id.clone(), Instant::now());
+                            }
+                            Ok(Eviction::Gone) => {}
+                            Ok(Eviction::Refused(message)) => self.observer.eviction_blocked(
+                                id,
+                                &node,
+                                &format!("eviction refused (429), retrying later: {message}"),
+                            ),
+                            // One failed eviction does not hold up the others; the next pass
+                            // retries it.
+                            Err(e) => {
+                                tracing::warn!(error = %e, "eviction failed; retrying at the next pass")
+                            }
+                        }
+                    }
+                    match step.outcome {
+                        DrainOutcome::Continue => {}
+                        DrainOutcome::Abort { reason } => {
+                            tracing::info!(%node, %reason, "giving the node back");
+                            self.actuator.abort_drain(&node).await?;
+                        }
+                        DrainOutcome::Finish => self.finish(&node, view, groups).await?,
+                    }
+                }
             }
         }
-        Ok(!view.drains.is_empty() || !candidates.is_empty())
+        Ok(!view.drains.is_empty() || !view.replacing.is_empty() || !state.decide.unneeded_since.is_empty())
     }
 
     /// Deletes a drained node's instance from its group, then the Node.
@@ -992,27 +913,190 @@ impl Controller {
     }
 }
 
-/// A Ready, schedulable node of group `gi` (not being drained) with room for the pods of `node`
-/// that would move (all but DaemonSet and static pods).
-fn replacement_node(node: &str, gi: usize, view: &ClusterView, groups: &[NodeGroup]) -> Option<String> {
-    fn on<'a>(view: &'a ClusterView, name: &'a str) -> impl Iterator<Item = &'a Workload> {
-        view.snapshot.workloads.iter().filter(move |w| w.node_name.as_deref() == Some(name))
-    }
-    let moving: Vec<_> =
-        on(view, node).filter(|w| !matches!(w.owner, OwnerKind::DaemonSet | OwnerKind::Node)).collect();
-    view.snapshot
-        .nodes
-        .iter()
-        .filter(|n| n.name != node && n.state == NodeState::Ready && !n.unschedulable)
-        .filter(|n| group_of(n, groups) == Some(gi) && !view.drains.contains_key(&n.name))
-        .find(|n| {
-            let mut with_its_pods = (*n).clone();
-            for w in on(view, &n.name) {
-                if let Some(d) = &w.devices {
-                    with_its_pods.allocate(&w.requests, d);
+/// The decision step as the controller runs it: what is under way (replacements, drains) comes
+/// from the marks on the Node objects, only the timers from memory, so a restart or a new leader
+/// decides as this process would have.
+#[allow(clippy::too_many_arguments)]
+fn decide_from_marks(
+    plan: &Plan,
+    timers: &decide::LoopState,
+    replacing: &BTreeMap<String, drain::ReplaceMarks>,
+    drains: &BTreeMap<String, drain::DrainMarks>,
+    observed: Observed<'_>,
+    now: Timestamp,
+    settings: &DecideSettings,
+) -> (Vec<Command>, decide::LoopState) {
+    let state = decide::LoopState {
+        unneeded_since: timers.unneeded_since.clone(),
+        replacing: replacing
+            .iter()
+            .map(|(n, m)| {
+                let r = Replacing {
+                    group: m.group.clone(),
+                    target: m.target,
+                    requested_at: m.requested_at.as_second(),
+                };
+                (n.clone(), r)
+            })
+            .collect(),
+        draining: drains.keys().cloned().collect(),
+    };
+    decide(plan, &state, observed, now.as_second(), settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ClusterSnapshot, Instance, Resources, Workload};
+    use crate::planner::{Replace, ScaleDown};
+
+    /// The replay threads the step's own state; the controller re-reads replacements and drains
+    /// from the Node annotations its commands wrote (through `drain::replace_marks_of`, as the
+    /// snapshot does). On a scripted sequence of plans and times both must give the same commands.
+    #[test]
+    fn the_controller_and_the_replay_give_the_same_commands_on_a_scripted_scenario() {
+        let (all, _) = crate::sim::autoscale::openb_groups().unwrap();
+        let mut groups: Vec<NodeGroup> =
+            all.into_iter().filter(|g| g.id.ends_with("/g3") || g.id.ends_with("/g2")).collect();
+        let dear = groups.iter().position(|g| g.id.ends_with("/g3")).unwrap();
+        let cheap_id = groups[1 - dear].id.clone();
+        let mut snapshot = ClusterSnapshot::default();
+        for (gi, name) in [(dear, "dear-1"), (dear, "dear-2")] {
+            let mut n = crate::planner::cluster::template_node(&groups[gi], name.into(), NodeState::Ready);
+            n.provider_id = Some(name.into());
+            groups[gi].instances.push(Instance { id: name.into(), state: InstanceState::Running });
+            groups[gi].target_size += 1;
+            snapshot.nodes.push(n);
+        }
+        snapshot.workloads.push(Workload {
+            id: "default/p".into(),
+            requests: Resources::new(1000, 1024),
+            node_name: Some("dear-1".into()),
+            devices: Some(Default::default()),
+            ..Default::default()
+        });
+        let replace = Replace {
+            node: "dear-1".into(),
+            group: String::new(),
+            replacement_group: cheap_id.clone(),
+            pods: vec!["default/p".into()],
+            saving_per_hour: 0,
+        };
+        let remove = ScaleDown {
+            node: "dear-2".into(),
+            group: String::new(),
+            instance: None,
+            moves: vec![],
+            reason: "empty".into(),
+            saving_per_hour: 0,
+        };
+        let both = Plan {
+            replacements: vec![replace.clone()],
+            scale_downs: vec![remove.clone()],
+            ..Default::default()
+        };
+        let only_replace = Plan { replacements: vec![replace], ..Default::default() };
+        // Unix times with fractions of a second, as the controller's clock gives them.
+        let t0 = 1_800_000_000.5_f64;
+        let script: Vec<(f64, &Plan)> = vec![
+            (0.0, &both),
+            (300.0, &only_replace),
+            (599.0, &both),
+            (600.0, &both),
+            (610.0, &both),
+            (1199.0, &both),
+            (1200.0, &both),
+            (1501.0, &both),
+            (1502.0, &both),
+        ];
+        let settings = DecideSettings::default();
+        let none = BTreeSet::new();
+        let observed = Observed { snapshot: &snapshot, groups: &groups, gangs_in_flight: &none };
+        let at = |dt: f64| Timestamp::from_nanosecond(((t0 + dt) * 1e9) as i128).unwrap();
+
+        let mut replay_state = decide::LoopState::default();
+        let mut replay = Vec::new();
+        let (mut timers, mut annotations, mut drains) = (
+            decide::LoopState::default(),
+            BTreeMap::<String, BTreeMap<String, String>>::new(),
+            BTreeMap::new(),
+        );
+        let mut controller = Vec::new();
+        for (dt, plan) in script {
+            let now = at(dt);
+            let (commands, next) = decide(plan, &replay_state, observed, now.as_second(), &settings);
+            replay.push(commands);
+            replay_state = next;
+
+            let replacing: BTreeMap<String, drain::ReplaceMarks> = annotations
+                .iter()
+                .filter_map(|(n, a)| Some((n.clone(), drain::replace_marks_of(a)?)))
+                .collect();
+            let (commands, next) =
+                decide_from_marks(plan, &timers, &replacing, &drains, observed, now, &settings);
+            timers = next;
+            // The marks the controller's writes leave on the Nodes (`execute`, `KubeActuator`).
+            for c in &commands {
+                match c {
+                    Command::RequestReplacement { node, group, target, .. } => {
+                        let a = annotations.entry(node.clone()).or_default();
+                        a.insert(drain::REPLACE_WITH.into(), group.clone());
+                        a.insert(drain::REPLACE_TARGET.into(), target.to_string());
+                        a.insert(drain::REPLACE_REQUESTED_AT.into(), now.to_string());
+                    }
+                    Command::GiveUpReplacement { node, .. } => {
+                        annotations.remove(node);
+                    }
+                    Command::DrainNode { node, reason } => {
+                        let marks = drain::DrainMarks {
+                            started_at: now,
+                            reason: reason.clone(),
+                            evicted: false,
+                            was_cordoned: false,
+                        };
+                        drains.insert(node.clone(), marks);
+                    }
+                    _ => {}
                 }
             }
-            fit::holds_all(&with_its_pods, moving.iter().copied())
-        })
-        .map(|n| n.name.clone())
+            controller.push(commands);
+        }
+        assert_eq!(controller, replay);
+        // And what they both did: dear-2, out of the plan at 300 s, is timed again from 599 s and
+        // drained 600 s later; dear-1's replacement is requested 600 s after 0, re-raised while its
+        // group stays below the request, given up more than 900 s after the request (at 1501 s) and
+        // requested anew at once, since the plan still replaces the node.
+        let kinds: Vec<Vec<String>> = replay
+            .iter()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| match c {
+                        Command::ScaleGroup { .. } => "scale".to_string(),
+                        Command::DrainNode { node, .. } => format!("drain {node}"),
+                        Command::AdvanceDrain { node, .. } => format!("advance {node}"),
+                        Command::RequestReplacement { node, target, .. } => {
+                            format!("request {node} {target}")
+                        }
+                        Command::ReraiseReplacement { node, .. } => format!("reraise {node}"),
+                        Command::GiveUpReplacement { node, .. } => format!("give up {node}"),
+                    })
+                    .collect()
+            })
+            .collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            kinds,
+            vec![
+                s(&[]),
+                s(&[]),
+                s(&[]),
+                s(&["request dear-1 1"]),
+                s(&["reraise dear-1"]),
+                s(&["reraise dear-1", "drain dear-2", "advance dear-2"]),
+                s(&["reraise dear-1", "advance dear-2"]),
+                s(&["give up dear-1", "request dear-1 1", "advance dear-2"]),
+                s(&["reraise dear-1", "advance dear-2"]),
+            ]
+        );
+    }
 }

@@ -8,6 +8,7 @@
 //!    cheaper one can replace (module `scale_down`).
 
 pub mod cluster;
+pub mod decide;
 pub mod default_spread;
 mod idle;
 mod mig_advice;

@@ -23,6 +23,7 @@ use crate::model::{
     ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState, OwnerKind,
     Workload, GPU_MILLI,
 };
+use crate::planner::decide::{self, decide, replacement_node, Command, DecideSettings, Observed};
 use crate::planner::{self, PlanInput, PlannerSettings};
 use crate::providers::config::{self, ConfigError};
 use crate::providers::simulated::{Operation, SimulatedCloud, SimulationSettings};
@@ -152,13 +153,10 @@ pub fn busiest_window_start(pods: &[TracePod], hours: f64) -> u64 {
 pub struct AutoscaleConfig {
     /// Autoscaler loop period, seconds (Cluster Autoscaler's scan interval).
     pub interval: u64,
-    /// How long a node must stay removable before it is removed, seconds.
-    pub unneeded: u64,
-    /// gpuscale only: how long an empty node stays before removal, seconds; `None` = the cloud's
-    /// boot time. Keeping an idle node for as long as re-buying one takes (the boot time, paid
-    /// while waiting) is the ski-rental rule: it never costs more than twice the best choice made
-    /// knowing the future. Nodes with pods wait `unneeded`, since moving pods disrupts them.
-    pub unneeded_empty: Option<u64>,
+    /// The decision step's timers, the controller's defaults unless changed: how long a node
+    /// must stay removable before it is removed (also the CA-like baseline's unneeded time, which
+    /// has the same 10-minute default), and when a replacement is given up.
+    pub decide: DecideSettings,
     /// No scale-down for this long after a scale-up (CA baseline), seconds.
     pub scale_down_delay_after_add: u64,
     /// A group whose launch failed is not grown for this long, seconds.
@@ -177,8 +175,7 @@ impl Default for AutoscaleConfig {
     fn default() -> Self {
         Self {
             interval: 10,
-            unneeded: 600,
-            unneeded_empty: None,
+            decide: DecideSettings::default(),
             scale_down_delay_after_add: 600,
             backoff: 300,
             seed: 42,
@@ -257,6 +254,10 @@ pub struct PolicyRun {
     pub launch_failures: u64,
     /// Time series, one sample per loop.
     pub samples: Vec<Sample>,
+    /// gpuscale: the decision step's commands, with the virtual time of their pass (what the
+    /// controller would have carried out).
+    #[serde(skip)]
+    pub commands: Vec<(u64, Command)>,
 }
 
 /// The lower bound: exactly the demanded GPU capacity at the cheapest $/GPU-hour it may use.
@@ -484,10 +485,8 @@ struct Sim<'a> {
     last_scale_up: Option<u64>,
     rng: ChaCha8Rng,
     out: PolicyRun,
-    dirty: bool,
-    last_plan: Option<u64>,
-    /// gpuscale consolidation in progress: cordoned node -> (replacement group, requested at).
-    replacing: BTreeMap<String, (String, u64)>,
+    /// gpuscale: the decision step's memory.
+    decide: decide::LoopState,
 }
 
 impl<'a> Sim<'a> {
@@ -521,10 +520,9 @@ impl<'a> Sim<'a> {
                 never_ran: 0,
                 launch_failures: 0,
                 samples: Vec::new(),
+                commands: Vec::new(),
             },
-            dirty: true,
-            last_plan: None,
-            replacing: BTreeMap::new(),
+            decide: decide::LoopState::default(),
         }
     }
 
@@ -560,13 +558,9 @@ impl<'a> Sim<'a> {
             self.sample(capacity as f64);
             self.cloud.advance(Duration::from_secs(dt));
             for op in self.cloud.take_operations() {
-                match op.op {
-                    Operation::LaunchFailed { group, .. } => {
-                        self.out.launch_failures += 1;
-                        self.backoff.insert(group, self.now + dt + self.cfg.backoff);
-                    }
-                    Operation::SpotInterrupted { .. } | Operation::Running { .. } => self.dirty = true,
-                    _ => {}
+                if let Operation::LaunchFailed { group, .. } = op.op {
+                    self.out.launch_failures += 1;
+                    self.backoff.insert(group, self.now + dt + self.cfg.backoff);
                 }
             }
             self.now += dt;
@@ -644,7 +638,6 @@ impl<'a> Sim<'a> {
                         n.pods.remove(&i);
                     }
                     self.pods[i] = PodState::Done;
-                    self.dirty = true;
                 }
             }
         }
@@ -654,7 +647,6 @@ impl<'a> Sim<'a> {
             let j = &self.jobs.jobs[self.next_arrival];
             self.pods[self.next_arrival] = PodState::Pending { since: j.arrival };
             self.next_arrival += 1;
-            self.dirty = true;
         }
     }
 
@@ -683,7 +675,6 @@ impl<'a> Sim<'a> {
                     pods: BTreeSet::new(),
                     unneeded_since: None,
                 });
-                self.dirty = true;
             }
         }
     }
@@ -694,7 +685,6 @@ impl<'a> Sim<'a> {
             for i in n.pods {
                 self.evict(i);
             }
-            self.dirty = true;
         }
     }
 
@@ -776,7 +766,6 @@ impl<'a> Sim<'a> {
             Ok(()) => self.out.scale_actions += 1,
             Err(e) => tracing::warn!(node = name, error = %e, "instance deletion rejected"),
         }
-        self.dirty = true;
     }
 
     fn unavailable(&self) -> BTreeMap<String, String> {
@@ -789,15 +778,12 @@ impl<'a> Sim<'a> {
 
     // ---- gpuscale ----
 
+    /// One pass of the controller's loop on the simulated cluster: plan, bind pending pods where
+    /// the plan places them on Ready nodes (kube-scheduler's part), then carry out the commands of
+    /// the decision step the controller runs (`planner::decide`), so the replay follows the
+    /// controller's rules and timers. Drains finish at once here (no PDBs, no grace periods): the
+    /// drained pods are re-queued and bound where the plan moves them.
     fn gpuscale_loop(&mut self) {
-        let has_pending = self.pods.iter().any(|p| matches!(p, PodState::Pending { .. }));
-        let periodic = self.last_plan.is_none_or(|t| self.now >= t + 60);
-        if !(self.dirty || has_pending || periodic) {
-            return;
-        }
-        self.dirty = false;
-        self.last_plan = Some(self.now);
-        self.finish_replacements();
         let mut snapshot = ClusterSnapshot {
             nodes: self.nodes.values().map(|n| n.clean.clone()).collect(),
             ..Default::default()
@@ -818,13 +804,10 @@ impl<'a> Sim<'a> {
             snapshot.workloads.push(w);
             index.push(i);
         }
-        let by_id: BTreeMap<&str, usize> =
-            snapshot.workloads.iter().enumerate().map(|(k, w)| (w.id.as_str(), index[k])).collect();
-        let input = PlanInput {
-            snapshot: snapshot.clone(),
-            groups: self.cloud.snapshot(),
-            unavailable: self.unavailable(),
-        };
+        let by_id: BTreeMap<String, usize> =
+            snapshot.workloads.iter().enumerate().map(|(k, w)| (w.id.clone(), index[k])).collect();
+        let groups = self.cloud.snapshot();
+        let input = PlanInput { snapshot, groups, unavailable: self.unavailable() };
         let settings = PlannerSettings {
             seed: self.cfg.seed,
             consolidation: self.cfg.consolidation,
@@ -832,108 +815,62 @@ impl<'a> Sim<'a> {
             ..Default::default()
         };
         let plan = planner::plan(&input, &settings);
-        for up in &plan.scale_ups {
-            self.set_target(&up.group, up.to);
-        }
+        let observed =
+            Observed { snapshot: &input.snapshot, groups: &input.groups, gangs_in_flight: &BTreeSet::new() };
+        let (commands, next) = decide(&plan, &self.decide, observed, self.now as i64, &self.cfg.decide);
+        self.decide = next;
+        self.out.commands.extend(commands.iter().map(|c| (self.now, c.clone())));
         // Bind to Ready nodes, checking the live node still has room.
         for p in plan.placements.iter().filter(|p| !p.node_in_flight) {
-            let Some(&i) = by_id.get(p.pod.as_str()) else { continue };
+            let Some(&i) = by_id.get(&p.pod) else { continue };
             let Some(n) = self.nodes.get(&p.node) else { continue };
             let Ok(c) = fit::candidates(&n.live, &self.jobs.jobs[i].workload) else { continue };
             let devices = if c.contains(&p.devices) { p.devices.clone() } else { c[0].clone() };
             let node = p.node.clone();
             self.bind(i, &node, devices);
         }
-        // Scale-down after the node has been removable for `unneeded`.
-        let removable: BTreeSet<&str> = plan
-            .scale_downs
-            .iter()
-            .map(|s| s.node.as_str())
-            .chain(plan.replacements.iter().map(|r| r.node.as_str()))
-            .collect();
-        let now = self.now;
-        for (name, n) in self.nodes.iter_mut() {
-            if removable.contains(name.as_str()) {
-                n.unneeded_since.get_or_insert(now);
-            } else {
-                n.unneeded_since = None;
-            }
-        }
-        let empty_wait = self.cfg.unneeded_empty.unwrap_or(self.cfg.cloud.boot.as_secs());
-        for sd in &plan.scale_downs {
-            let wait =
-                if sd.moves.is_empty() { empty_wait.min(self.cfg.unneeded) } else { self.cfg.unneeded };
-            let due =
-                self.nodes.get(&sd.node).and_then(|n| n.unneeded_since).is_some_and(|t| now >= t + wait);
-            if !due {
-                continue;
-            }
-            let moves: Vec<(usize, String)> = sd
-                .moves
-                .iter()
-                .filter_map(|(pod, to)| by_id.get(pod.as_str()).map(|&i| (i, to.clone())))
-                .collect();
-            self.drain_and_delete(&sd.node, &moves);
-        }
-        // Consolidation: cordon the node and request its cheaper replacement; the pods move once
-        // the replacement is Ready (`finish_replacements`).
-        for r in &plan.replacements {
-            let due = self
-                .nodes
-                .get(&r.node)
-                .and_then(|n| n.unneeded_since)
-                .is_some_and(|t| now >= t + self.cfg.unneeded);
-            if !due || self.replacing.contains_key(&r.node) {
-                continue;
-            }
-            let Some(target) =
-                self.cloud.snapshot().iter().find(|g| g.id == r.replacement_group).map(|g| g.target_size)
-            else {
-                continue;
-            };
-            if ready(self.cloud.set_target_size(&r.replacement_group, target + 1)).is_ok() {
-                self.out.scale_actions += 1;
-                if let Some(n) = self.nodes.get_mut(&r.node) {
-                    n.live.unschedulable = true;
-                    n.clean.unschedulable = true;
+        for command in commands {
+            match command {
+                Command::ScaleGroup { group, to, .. } => self.set_target(&group, to),
+                Command::RequestReplacement { node, group, target, .. } => {
+                    if ready(self.cloud.set_target_size(&group, target)).is_ok() {
+                        self.out.scale_actions += 1;
+                    } else {
+                        self.decide.replacing.remove(&node);
+                    }
                 }
-                self.replacing.insert(r.node.clone(), (r.replacement_group.clone(), now));
+                Command::ReraiseReplacement { group, target, .. } => {
+                    let _ = ready(self.cloud.set_target_size(&group, target));
+                }
+                Command::GiveUpReplacement { .. } => {}
+                Command::DrainNode { node, .. } => {
+                    let moves: Vec<(usize, String)> = match plan.scale_downs.iter().find(|s| s.node == node) {
+                        Some(sd) => sd
+                            .moves
+                            .iter()
+                            .filter_map(|(pod, to)| by_id.get(pod).map(|&i| (i, to.clone())))
+                            .collect(),
+                        None => {
+                            let to = self.decide.replacing.get(&node).and_then(|r| {
+                                let gi = input.groups.iter().position(|g| g.id == r.group)?;
+                                replacement_node(&node, gi, &input.snapshot, &input.groups, &BTreeSet::new())
+                            });
+                            let pods = self.nodes.get(&node).map(|n| n.pods.clone()).unwrap_or_default();
+                            to.map(|to| pods.into_iter().map(|i| (i, to.clone())).collect())
+                                .unwrap_or_default()
+                        }
+                    };
+                    self.drain_and_delete(&node, &moves);
+                    self.decide.draining.remove(&node);
+                    self.decide.replacing.remove(&node);
+                    self.decide.unneeded_since.remove(&node);
+                }
+                // Drains finish within the pass that starts them.
+                Command::AdvanceDrain { .. } => {}
             }
         }
-        // Pods still pending that fit Ready nodes (e.g. evicted ones whose move target changed).
+        // Pods still pending that fit Ready nodes (evicted ones whose move target filled).
         self.bind_pending(true);
-    }
-
-    /// Moves the pods of cordoned nodes to their Ready replacements and deletes the old nodes;
-    /// gives up (uncordons) when no replacement shows up in time.
-    fn finish_replacements(&mut self) {
-        let entries: Vec<(String, (String, u64))> =
-            self.replacing.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        for (old, (group, at)) in entries {
-            if !self.nodes.contains_key(&old) {
-                self.replacing.remove(&old);
-                continue;
-            }
-            let pods: Vec<usize> = self.nodes[&old].pods.iter().copied().collect();
-            // A Ready node of the replacement group that holds all the pods.
-            let target = self
-                .nodes
-                .iter()
-                .filter(|(k, n)| n.group == group && **k != old)
-                .find(|(_, n)| fit::holds_all(&n.live, pods.iter().map(|&i| &self.jobs.jobs[i].workload)))
-                .map(|(k, _)| k.clone());
-            if let Some(to) = target {
-                let moves: Vec<(usize, String)> = pods.iter().map(|&i| (i, to.clone())).collect();
-                self.replacing.remove(&old);
-                self.drain_and_delete(&old, &moves);
-            } else if self.now >= at + 3 * self.cfg.cloud.boot.as_secs() + self.cfg.backoff {
-                self.replacing.remove(&old);
-                if let Some(n) = self.nodes.get_mut(&old) {
-                    n.live.unschedulable = false;
-                    n.clean.unschedulable = false;
-                }
-            }
-        }
     }
 
     // ---- Cluster-Autoscaler-like baseline ----
@@ -1056,7 +993,7 @@ impl<'a> Sim<'a> {
             match moves {
                 Some(m) => {
                     let since = *n.unneeded_since.get_or_insert(now);
-                    if now >= since + self.cfg.unneeded {
+                    if (now - since) as f64 >= self.cfg.decide.unneeded_seconds {
                         due.push((name.clone(), m));
                     }
                 }
