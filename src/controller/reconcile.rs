@@ -18,7 +18,7 @@ use super::readiness;
 use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
-use crate::model::{ErrorClass, InstanceState, NodeGroup, NodeState};
+use crate::model::{ErrorClass, InstanceState, NodeGroup};
 use crate::planner::decide::{self, decide, Command, DecideSettings, Observed, Replacing};
 use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
@@ -518,6 +518,7 @@ impl Controller {
             .as_ref()
             .map(|s| s.state().iter().filter_map(|o| serde_json::to_value(o.as_ref()).ok()).collect())
             .unwrap_or_default();
+        let converting = Instant::now();
         let mut view = snapshot::build(
             &stores.nodes.state(),
             &stores.pods.state(),
@@ -535,6 +536,7 @@ impl Controller {
         tracing::debug!(
             converted = state.conversions.counts.converted,
             reused = state.conversions.counts.reused,
+            seconds = converting.elapsed().as_secs_f64(),
             "cluster state converted"
         );
         for w in &view.warnings {
@@ -572,7 +574,9 @@ impl Controller {
             unavailable: self.providers.unavailable(&groups),
         };
         let settings = PlannerSettings { now: Some(now.as_second()), ..self.options.planner.clone() };
+        let planning = Instant::now();
         let plan = planner::plan(&input, &settings);
+        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), "planned");
         self.observer.plan_computed(&plan, &view.snapshot, dry, started.elapsed());
         if dry || !self.leading() {
             return Ok(busy);
@@ -947,7 +951,7 @@ fn decide_from_marks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ClusterSnapshot, Instance, Resources, Workload};
+    use crate::model::{ClusterSnapshot, Instance, NodeState, Resources, Workload};
     use crate::planner::{Replace, ScaleDown};
 
     /// The replay threads the step's own state; the controller re-reads replacements and drains
