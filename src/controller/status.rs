@@ -162,6 +162,51 @@ struct GroupDoc {
     backoff_until: Option<String>,
 }
 
+/// What the status ConfigMap's plan may take, as YAML and as the summary table: the API server
+/// refuses ConfigMaps over 1 MiB, and the groups' lines come besides.
+const STATUS_PLAN_BYTES: usize = 900 * 1024;
+
+/// The plan as the status ConfigMap can hold it: on a large cluster the per-pod and per-node
+/// lists (placements of thousands of pending pods, nodes kept) are cut, longest first, until the
+/// plan fits, and what was left out is said. Actions (scale-ups, scale-downs, replacements) are
+/// never cut: each is bounded by the plan's own limits.
+fn fitted(plan: &Plan, groups: usize) -> (Plan, Option<String>) {
+    let size = |p: &Plan| serde_yaml::to_string(p).map_or(0, |y| y.len()) + p.to_table().len() + groups * 512;
+    if size(plan) <= STATUS_PLAN_BYTES {
+        return (plan.clone(), None);
+    }
+    let mut p = plan.clone();
+    let mut omitted: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    while size(&p) > STATUS_PLAN_BYTES {
+        let lengths = [
+            ("placements", p.placements.len()),
+            ("unschedulable", p.unschedulable.len()),
+            ("kept", p.kept.len()),
+            ("idleGpus", p.idle_gpus.len()),
+            ("warnings", p.warnings.len()),
+        ];
+        let Some(&(longest, n)) = lengths.iter().max_by_key(|(_, n)| *n).filter(|(_, n)| *n > 0) else {
+            break;
+        };
+        let keep = n / 2;
+        match longest {
+            "placements" => p.placements.truncate(keep),
+            "unschedulable" => p.unschedulable.truncate(keep),
+            "kept" => p.kept.truncate(keep),
+            "idleGpus" => p.idle_gpus.truncate(keep),
+            _ => p.warnings.truncate(keep),
+        }
+        omitted.entry(longest).or_insert((n, 0)).1 = keep;
+    }
+    let said: Vec<String> = omitted
+        .iter()
+        .map(|(list, (total, kept))| format!("{list}: {} of {total} left out", total - kept))
+        .collect();
+    let note =
+        format!("the plan is too large for a ConfigMap; {} (gpuscale plan shows all of it)", said.join(", "));
+    (p, Some(note))
+}
+
 fn usd(micro: u64) -> String {
     format!("${:.2}/h", micro as f64 / dollars(1.0) as f64)
 }
@@ -401,7 +446,8 @@ impl StatusPublisher {
             self.apply_configmap(&name, data).await;
         }
 
-        let doc = StatusDoc { time: now.to_string(), dry_run, node_groups: docs, plan };
+        let (plan, omitted) = fitted(plan, docs.len());
+        let doc = StatusDoc { time: now.to_string(), dry_run, node_groups: docs, plan: &plan };
         let mut data = BTreeMap::new();
         match serde_yaml::to_string(&doc) {
             Ok(yaml) => {
@@ -413,6 +459,9 @@ impl StatusPublisher {
                     m.error("status");
                 }
             }
+        }
+        if let Some(omitted) = omitted {
+            data.insert("omitted".into(), omitted);
         }
         data.insert("summary".into(), plan.to_table());
         data.insert("dryRun".into(), dry_run.to_string());
@@ -813,6 +862,42 @@ fn group_plan_summary(plan: &Plan, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A 5,000-node plan does not fit a ConfigMap: its longest lists are cut until it does, the
+    /// actions are kept whole, and what was left out is said.
+    #[test]
+    fn a_plan_too_large_for_a_configmap_is_cut_and_says_so() {
+        use crate::model::DeviceAssignment;
+        use crate::planner::{Kept, PendingPlacement};
+        let mut plan = Plan::default();
+        for i in 0..12_000 {
+            plan.placements.push(PendingPlacement {
+                pod: format!("team-{}/pending-pod-with-a-long-name-{i}", i % 17),
+                node: format!("ip-10-0-{}-{}.ec2.internal", i / 250, i % 250),
+                devices: DeviceAssignment::None,
+                node_in_flight: false,
+            });
+        }
+        for i in 0..5_000 {
+            plan.kept.push(Kept {
+                node: format!("ip-10-1-{}-{}.ec2.internal", i / 250, i % 250),
+                reason: "its pods do not all fit on other nodes".into(),
+            });
+        }
+        let (small, untouched) =
+            fitted(&Plan { placements: plan.placements[..10].to_vec(), ..Default::default() }, 3);
+        assert_eq!((small.placements.len(), untouched), (10, None));
+        let (cut, note) = fitted(&plan, 6);
+        let bytes = serde_yaml::to_string(&cut).unwrap().len() + cut.to_table().len();
+        assert!(bytes <= STATUS_PLAN_BYTES, "{bytes}");
+        assert!(cut.placements.len() < 12_000 && !cut.placements.is_empty());
+        let note = note.expect("says what was left out");
+        assert!(
+            note.contains(&format!("placements: {} of 12000 left out", 12_000 - cut.placements.len())),
+            "{note}"
+        );
+        assert_eq!(cut.placements[..], plan.placements[..cut.placements.len()]);
+    }
 
     #[test]
     fn configmap_names_are_dns1123_and_unique() {
