@@ -141,7 +141,8 @@ fn provider_fields() -> BTreeMap<String, Field> {
                   "instanceSpec": {"vcpu": 1, "memoryGiB": 1.0, "price": {}},
                   "gpuSharing": {"mig": "all-1g.5gb"},
                   "taints": [{"key": "k", "effect": "NoSchedule"}],
-                  "price": {}},
+                  "price": {},
+                  "dra": {}},
                  {"name": "h", "instanceType": "g6.xlarge", "maxSize": 1,
                   "gpuSharing": {"timeSlicing": {"replicas": 2}}}
              ]}

@@ -8,7 +8,9 @@
 
 use super::{convert_node, convert_pod, convert_pod_group, slim, volume, ConvertedNode, ConvertedPod};
 use super::{SnapshotError, SourcedObject, POD_GROUP_API_VERSIONS};
-use k8s_openapi::api::{core::v1 as core, policy::v1 as policy, storage::v1 as storage};
+use k8s_openapi::api::{
+    core::v1 as core, policy::v1 as policy, resource::v1 as resource, storage::v1 as storage,
+};
 use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -55,6 +57,8 @@ impl RawObject for SourcedObject {
 pub(super) struct PodEntry {
     pub converted: Result<(Option<ConvertedPod>, Vec<String>), SnapshotError>,
     pub with_claims: Option<Box<core::Pod>>,
+    /// Its DRA claim references, when it has any.
+    pub dra: Option<Box<super::dra::PodClaims>>,
 }
 
 /// An object decoded, the thousands converted already.
@@ -65,6 +69,10 @@ pub(super) enum Decoded {
     Claim(Box<core::PersistentVolumeClaim>),
     Volume(Box<core::PersistentVolume>),
     Class(Box<storage::StorageClass>),
+    DeviceClass(Box<resource::DeviceClass>),
+    ResourceSlice(Box<resource::ResourceSlice>),
+    ResourceClaim(Box<resource::ResourceClaim>),
+    ResourceClaimTemplate(Box<resource::ResourceClaimTemplate>),
     /// A gang's PodGroup (read before the pods, see [`decode_all`]).
     PodGroup,
     /// A kind the plan does not read: `Kind (apiVersion)`.
@@ -113,13 +121,18 @@ fn decode_one<O: RawObject>(o: &O, pod_groups: &BTreeMap<String, u32>) -> Result
             let k: core::Pod = o.decode::<slim::PodIn>()?.into();
             let mut warnings = Vec::new();
             let converted = convert_pod(&k, &o.origin(), pod_groups, &mut warnings).map(|c| (c, warnings));
+            let dra = super::dra::PodClaims::of(&k).map(Box::new);
             let with_claims = volume::Storage::uses_claims(&k).then(|| Box::new(k));
-            Decoded::Pod(PodEntry { converted, with_claims })
+            Decoded::Pod(PodEntry { converted, with_claims, dra })
         }
         ("policy/v1", "PodDisruptionBudget") => Decoded::Pdb(o.decode()?),
         ("v1", "PersistentVolumeClaim") => Decoded::Claim(o.decode()?),
         ("v1", "PersistentVolume") => Decoded::Volume(o.decode()?),
         ("storage.k8s.io/v1", "StorageClass") => Decoded::Class(o.decode()?),
+        ("resource.k8s.io/v1", "DeviceClass") => Decoded::DeviceClass(o.decode()?),
+        ("resource.k8s.io/v1", "ResourceSlice") => Decoded::ResourceSlice(o.decode()?),
+        ("resource.k8s.io/v1", "ResourceClaim") => Decoded::ResourceClaim(o.decode()?),
+        ("resource.k8s.io/v1", "ResourceClaimTemplate") => Decoded::ResourceClaimTemplate(o.decode()?),
         (_, "") => {
             return Err(SnapshotError::NotObjects {
                 origin: o.origin().into_owned(),

@@ -157,7 +157,8 @@ impl ConversionCache {
         objects.extend(converted_nodes.into_iter().map(|(origin, c)| (origin, Decoded::Node(c))));
         for ((origin, converted), k) in converted_pods.into_iter().zip(pods) {
             let with_claims = volume::Storage::uses_claims(k).then(|| Box::new((*k).clone()));
-            objects.push((origin, Decoded::Pod(PodEntry { converted, with_claims })));
+            let dra = super::dra::PodClaims::of(k).map(Box::new);
+            objects.push((origin, Decoded::Pod(PodEntry { converted, with_claims, dra })));
         }
         for b in pdbs {
             objects.push((

@@ -9,6 +9,7 @@
 //! is free, not just what exists.
 
 mod decode;
+mod dra;
 mod error;
 mod incremental;
 mod instance_types;
@@ -123,6 +124,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
     let mut pods = Vec::new();
     let mut pdbs = Vec::new();
     let mut storage = volume::Storage::default();
+    let mut dra = dra::Dra::default();
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     for (origin, decoded) in objects {
         match decoded {
@@ -132,6 +134,10 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
             Decoded::Claim(k) => storage.add_claim(*k),
             Decoded::Volume(k) => storage.add_volume(&origin, *k),
             Decoded::Class(k) => storage.add_class(*k),
+            Decoded::DeviceClass(k) => dra.add_class(&origin, *k)?,
+            Decoded::ResourceSlice(k) => dra.add_slice(&origin, *k),
+            Decoded::ResourceClaim(k) => dra.add_claim(&origin, *k),
+            Decoded::ResourceClaimTemplate(k) => dra.add_template(&origin, *k),
             Decoded::PodGroup => {}
             Decoded::Skipped(kind) => *skipped.entry(kind).or_insert(0usize) += 1,
         }
@@ -157,6 +163,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
         by_name.insert(c.node.name.clone(), extras.len());
         extras.push(c);
     }
+    dra.supply(&mut extras, &mut warnings)?;
 
     let mut seen = std::collections::HashSet::new();
     let mut converted = Vec::new();
@@ -176,6 +183,12 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
                     Ok(needs) => p.workload.volumes = needs,
                     Err(reason) => p.workload.volume_blocked = Some(reason),
                 }
+            }
+        }
+        if let Some(refs) = &entry.dra {
+            match dra.claims_for(&origin, refs, &mut warnings)? {
+                Ok(claims) => p.workload.dra_claims = claims,
+                Err(reason) => p.workload.volume_blocked = Some(reason),
             }
         }
         if !seen.insert(p.workload.id.clone()) {

@@ -94,6 +94,9 @@ pub struct ConvertedNode {
     pub node: Node,
     /// HAMi device UUIDs by GPU index (empty on non-HAMi nodes).
     pub gpu_uuids: Vec<String>,
+    /// Ready, and initializing only because no device plugin advertises its GPUs: a node whose
+    /// GPUs come through DRA ResourceSlices instead is Ready capacity.
+    pub awaiting_device_plugin_only: bool,
 }
 
 /// One GPU as HAMi's device plugin registers it on the node.
@@ -316,6 +319,7 @@ pub fn convert_node(
             DELETION_TAINTS.contains(&t.key.as_str())
                 || (t.key == "karpenter.sh/disruption" && t.value == "disrupting")
         });
+    let awaiting_device_plugin_only = ready && !deleting && !mig_reconfiguring && gpus.awaiting_device_plugin;
     let state = if deleting {
         NodeState::Deleting
     } else if !ready || gpus.awaiting_device_plugin || mig_reconfiguring {
@@ -354,9 +358,11 @@ pub fn convert_node(
             extended_allocatable,
             extended_allocated: BTreeMap::new(),
             host_ports: Vec::new(),
+            dra: Default::default(),
             residents: Vec::new(),
         },
         gpu_uuids: gpus.uuids,
+        awaiting_device_plugin_only,
     })
 }
 

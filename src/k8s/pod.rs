@@ -783,6 +783,7 @@ pub fn convert_pod(
         scheduler: spec.scheduler_name.clone().filter(|s| s != crate::model::DEFAULT_SCHEDULER),
         volumes: Vec::new(),
         volume_blocked: None,
+        dra_claims: Vec::new(),
         gang_topology_key: annotations
             .get("gpuscale.io/gang-topology")
             .or_else(|| annotations.get("kueue.x-k8s.io/podset-required-topology"))

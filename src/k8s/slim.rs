@@ -69,6 +69,7 @@ struct PodSpecIn {
     node_selector: Option<BTreeMap<String, String>>,
     overhead: Option<BTreeMap<String, Quantity>>,
     priority: Option<i32>,
+    resource_claims: Option<Vec<k8s::PodResourceClaim>>,
     resources: Option<k8s::ResourceRequirements>,
     scheduler_name: Option<String>,
     tolerations: Option<Vec<k8s::Toleration>>,
@@ -87,8 +88,10 @@ struct ContainerIn {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct PodStatusIn {
     phase: Option<String>,
+    resource_claim_statuses: Option<Vec<k8s::PodResourceClaimStatus>>,
 }
 
 impl From<ContainerIn> for k8s::Container {
@@ -115,6 +118,7 @@ impl From<PodIn> for k8s::Pod {
                 node_selector: s.node_selector,
                 overhead: s.overhead,
                 priority: s.priority,
+                resource_claims: s.resource_claims,
                 resources: s.resources,
                 scheduler_name: s.scheduler_name,
                 tolerations: s.tolerations,
@@ -122,7 +126,11 @@ impl From<PodIn> for k8s::Pod {
                 volumes: s.volumes,
                 ..k8s::PodSpec::default()
             }),
-            status: p.status.map(|s| k8s::PodStatus { phase: s.phase, ..k8s::PodStatus::default() }),
+            status: p.status.map(|s| k8s::PodStatus {
+                phase: s.phase,
+                resource_claim_statuses: s.resource_claim_statuses,
+                ..k8s::PodStatus::default()
+            }),
         }
     }
 }

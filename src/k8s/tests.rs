@@ -1069,3 +1069,209 @@ fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_
     same(&regrouped, &one_shot(&nodes, &pods, &bigger));
     assert_eq!(counts, ConversionCounts { converted: pods.len(), reused: nodes.len() });
 }
+
+fn dra_class() -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+           "spec": {"selectors": [{"cel": {"expression":
+               "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}})
+}
+
+fn dra_slice(node: &str, spec_extra: Value, devices: Value) -> Value {
+    let mut spec = json!({"driver": "gpu.nvidia.com", "nodeName": node,
+                          "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices});
+    for (k, v) in spec_extra.as_object().unwrap() {
+        if v.is_null() {
+            spec.as_object_mut().unwrap().remove(k);
+        } else {
+            spec[k] = v.clone();
+        }
+    }
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+           "metadata": {"name": format!("{node}-gpu.nvidia.com-abcde")}, "spec": spec})
+}
+
+fn dra_gpu(i: u32) -> Value {
+    json!({"name": format!("gpu-{i}"),
+           "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA L4"}, "index": {"int": i},
+                          "driverVersion": {"version": "570.124.6"}, "dra.example.com/mig": {"bool": false}},
+           "capacity": {"memory": {"value": "23034Mi"}}})
+}
+
+fn dra_node(name: &str) -> Value {
+    node(
+        name,
+        json!({"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2",
+                      "nvidia.com/gpu.product": "NVIDIA-L4"}),
+        json!({"cpu": "16", "memory": "64Gi", "pods": "110"}),
+    )
+}
+
+fn dra_pod(name: &str, claims: Value, statuses: Value) -> Value {
+    let mut p = pod(
+        "ml",
+        name,
+        json!([{"name": "main", "image": "x",
+        "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]}}]),
+    );
+    p["spec"]["resourceClaims"] = claims;
+    p["status"]["resourceClaimStatuses"] = statuses;
+    p
+}
+
+#[test]
+fn dra_slices_give_nodes_devices_and_allocated_claims_take_them() {
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "run-gpu-x1", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "l4-a", "device": "gpu-1"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["l4-a"]}]}]}}}});
+    let template = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2},
+            {"name": "one", "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1,
+             "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index >= 0"}}]}]}]}}}});
+    let l = load(vec![
+        dra_class(),
+        dra_node("l4-a"),
+        dra_slice("l4-a", json!({}), json!([dra_gpu(0), dra_gpu(1)])),
+        claim,
+        template,
+        // Its template claim generated and allocated: the pod is pinned where it is.
+        dra_pod(
+            "run",
+            json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]),
+            json!([{"name": "gpu", "resourceClaimName": "run-gpu-x1"}]),
+        ),
+        // Not generated yet: its own claim from the template.
+        dra_pod("new", json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]), Value::Null),
+    ])
+    .unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let n = &l.snapshot.nodes[0];
+    // Ready: its GPUs come through the slice, not a device plugin that has yet to start.
+    assert_eq!(n.state, NodeState::Ready);
+    assert!(n.gpus.is_empty());
+    assert_eq!(n.dra.devices.len(), 2);
+    let d = &n.dra.devices[1];
+    assert_eq!(d.id(), "gpu.nvidia.com/l4-a/gpu-1");
+    use crate::model::cel::{AttrValue, Semver};
+    assert_eq!(d.attributes["gpu.nvidia.com/index"], AttrValue::Int(1));
+    assert_eq!(d.attributes["dra.example.com/mig"], AttrValue::Bool(false));
+    assert_eq!(
+        d.attributes["gpu.nvidia.com/driverVersion"],
+        AttrValue::Version(Semver::parse("570.124.6").unwrap())
+    );
+    assert_eq!(d.capacity["gpu.nvidia.com/memory"], 23_034i128 * (1 << 20) * 1_000_000_000);
+    assert_eq!(n.dra.claims["ml/run-gpu-x1"].devices, vec![1]);
+    assert_eq!(n.dra.gpus(), (2, 1));
+    let run = &l.snapshot.workloads[0];
+    assert_eq!(run.dra_claims[0].key, "ml/run-gpu-x1");
+    assert!(run.dra_claims[0].allocated);
+    assert_eq!(run.dra_claims[0].allocated_on.as_deref(), Some("l4-a"));
+    let new = &l.snapshot.workloads[1];
+    assert_eq!(new.dra_claims[0].key, "ml/new#gpu");
+    assert!(!new.dra_claims[0].allocated);
+    let alts = &new.dra_claims[0].requests[0].alternatives;
+    assert_eq!(alts.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["two", "one"]);
+    assert_eq!(alts[1].mode, crate::model::dra::AllocationMode::ExactCount(1));
+    // The class's selector first, then the request's.
+    assert_eq!(alts[1].selectors.len(), 2);
+    assert!(alts[1].selectors[1].origin.contains(
+        "ResourceClaimTemplate ml/one-gpu spec.spec.devices.requests[0].firstAvailable[1].selectors[0]"
+    ));
+}
+
+#[test]
+fn malformed_dra_objects_are_errors_naming_the_field() {
+    let err = |slice: Value| load(vec![dra_node("l4-a"), slice]).unwrap_err().to_string();
+    let e = err(dra_slice("l4-a", json!({"allNodes": true}), json!([dra_gpu(0)])));
+    assert!(
+        e.contains("ResourceSlice l4-a-gpu.nvidia.com-abcde")
+            && e.contains("exactly one of nodeName, nodeSelector, allNodes"),
+        "{e}"
+    );
+    let mut bad = dra_gpu(0);
+    bad["attributes"]["index"] = json!({"int": 1, "string": "1"});
+    let e = err(dra_slice("l4-a", json!({}), json!([bad])));
+    assert!(e.contains("spec.devices[0].attributes[index]"), "{e}");
+    let mut bad = dra_gpu(0);
+    bad["capacity"]["memory"] = json!({"value": "lots"});
+    let e = err(dra_slice("l4-a", json!({}), json!([bad])));
+    assert!(e.contains("spec.devices[0].capacity[memory]"), "{e}");
+    let mut bad = dra_gpu(0);
+    bad["attributes"]["driverVersion"] = json!({"version": "570.124"});
+    let e = err(dra_slice("l4-a", json!({}), json!([bad])));
+    assert!(
+        e.contains("spec.devices[0].attributes[driverVersion].version") && e.contains("semantic version"),
+        "{e}"
+    );
+    let e = load(vec![
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "c"},
+                             "spec": {"selectors": [{"cel": {"expression": "device.driver = 'x'"}}]}}),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("DeviceClass c") && e.contains("spec.selectors[0].cel.expression"), "{e}");
+}
+
+#[test]
+fn dra_pools_and_selectors_that_cannot_serve_are_warned_about() {
+    // A device name twice makes the pool invalid (kube-scheduler allocates nothing from it).
+    let l =
+        load(vec![dra_node("l4-a"), dra_slice("l4-a", json!({}), json!([dra_gpu(0), dra_gpu(0)]))]).unwrap();
+    assert!(
+        l.warnings.iter().any(|w| w.contains("appears twice in pool gpu.nvidia.com/l4-a")),
+        "{:?}",
+        l.warnings
+    );
+    assert!(l.snapshot.nodes[0].dra.devices.is_empty());
+    // A slice for a node the snapshot lacks; a node selector reaching the node.
+    let l = load(vec![
+        dra_node("l4-a"),
+        dra_slice("gone", json!({}), json!([dra_gpu(0)])),
+        dra_slice(
+            "net",
+            json!({"nodeName": null, "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]}]}}),
+            json!([dra_gpu(7)]),
+        ),
+    ])
+    .unwrap();
+    assert!(
+        l.warnings.iter().any(|w| w.contains("spec.nodeName: Node gone is not in the snapshot")),
+        "{:?}",
+        l.warnings
+    );
+    assert_eq!(
+        l.snapshot.nodes[0].dra.devices.iter().map(|d| d.id()).collect::<Vec<_>>(),
+        ["gpu.nvidia.com/net/gpu-7"]
+    );
+    // A selector that errs on a device (a missing attribute), and a class no device matches.
+    let template = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].uuid == 'GPU-1'"}}]}}]}}}});
+    let l = load(vec![
+        dra_class(),
+        dra_node("l4-a"),
+        dra_slice("l4-a", json!({}), json!([dra_gpu(0)])),
+        template,
+        dra_pod("p", json!([{"name": "gpu", "resourceClaimTemplateName": "t"}]), Value::Null),
+    ])
+    .unwrap();
+    let w = l.warnings.join("\n");
+    assert!(w.contains("ResourceClaimTemplate ml/t spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: on device gpu.nvidia.com/l4-a/gpu-0: CEL runtime error: no such key: uuid"), "{w}");
+    assert!(w.contains("no device of the snapshot's ResourceSlices matches"), "{w}");
+    // A pod naming a claim the snapshot lacks cannot be scheduled, and says why.
+    let l =
+        load(vec![dra_pod("q", json!([{"name": "gpu", "resourceClaimName": "nope"}]), Value::Null)]).unwrap();
+    assert_eq!(l.snapshot.workloads[0].volume_blocked.as_deref(), Some("resourceclaim \"nope\" not found"));
+    assert!(
+        l.warnings[0].contains("add resourceclaims,resourceclaimtemplates,resourceslices,deviceclasses"),
+        "{:?}",
+        l.warnings
+    );
+}

@@ -4,8 +4,10 @@
 //! decisions are exact and deterministic.
 
 mod catalog;
+pub mod cel;
 mod demand;
 mod device;
+pub mod dra;
 mod group;
 pub mod mig;
 pub mod names;

@@ -163,6 +163,9 @@ pub struct Node {
     /// Host ports its pods bind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<super::workload::HostPort>,
+    /// Devices it reaches through DRA ResourceSlices, and the claims holding them.
+    #[serde(default, skip_serializing_if = "super::dra::DraInventory::is_empty")]
+    pub dra: super::dra::DraInventory,
     /// The pods on it that pod affinity and spread can see (derived, not serialised).
     #[serde(skip)]
     pub residents: Vec<std::sync::Arc<super::workload::PodIdentity>>,
@@ -224,11 +227,18 @@ impl Node {
         if let Some(id) = &w.identity {
             self.residents.push(id.clone());
         }
+        if !w.dra_claims.is_empty() {
+            // The same choice the fit check made (a pure function of node and claims); claims
+            // that do not fit are not recorded (the caller checked they do).
+            let chosen = self.dra.allocate(&w.dra_claims).unwrap_or_default();
+            self.dra.hold(&w.dra_claims, chosen);
+        }
     }
 
     /// Takes a pod off the node: the reverse of [`Self::allocate_pod`].
     pub fn release_pod(&mut self, w: &super::Workload, devices: &DeviceAssignment) {
         self.release(&w.requests, devices);
+        self.dra.release(&w.dra_claims);
         self.pod_count = self.pod_count.saturating_sub(1);
         for (k, v) in &w.extended {
             if let Some(a) = self.extended_allocated.get_mut(k) {

@@ -131,9 +131,13 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeNeed>,
     /// Why no node can take it for its volumes (a missing claim, an unbound claim of an
-    /// `Immediate` class, a `ReadWriteOncePod` claim another pod uses), in kube-scheduler's words.
+    /// `Immediate` class, a `ReadWriteOncePod` claim another pod uses) or its DRA claims (a
+    /// missing ResourceClaim, template or DeviceClass), in kube-scheduler's words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_blocked: Option<String>,
+    /// Its DRA ResourceClaims (`spec.resourceClaims`), resolved from claims and templates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dra_claims: Vec<super::dra::DraClaim>,
     /// `spec.schedulerName` when not kube-scheduler's `default-scheduler`: only schedulers whose
     /// placement the planner models are planned for.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -338,6 +338,17 @@ pub fn learn_templates(
                 g.template.extended_allocatable.insert(k.clone(), *v);
             }
         }
+        // What registered nodes publish through DRA ResourceSlices, where they agree on it.
+        if !first.dra.devices.is_empty()
+            && members.iter().all(|m| m.dra.devices.len() == first.dra.devices.len())
+        {
+            g.template.dra.devices = first.dra.devices.clone();
+            g.template.dra.counters = first.dra.counters.clone();
+            g.template.dra.claims.clear();
+            if first.gpus.is_empty() {
+                g.template.gpus.clear();
+            }
+        }
         g.template.taints = first
             .taints
             .iter()

@@ -26,11 +26,16 @@ pub(crate) struct ScaleDowns {
     pub kept: Vec<Kept>,
 }
 
-/// How much of a node is in use: GPU allocation for GPU nodes, otherwise the larger of CPU and
-/// memory. GPU nodes are judged by their GPUs because that is what they cost.
+/// How much of a node is in use: GPU allocation for GPU nodes (device-plugin GPUs, else the
+/// GPUs it publishes through DRA), otherwise the larger of CPU and memory. GPU nodes are judged
+/// by their GPUs because that is what they cost.
 pub fn utilization(node: &Node) -> f64 {
     if !node.gpus.is_empty() {
         return node.gpu_allocation();
+    }
+    let (dra_gpus, dra_free) = node.dra.gpus();
+    if dra_gpus > 0 {
+        return (dra_gpus - dra_free) as f64 / dra_gpus as f64;
     }
     let cpu = node.allocated.cpu_milli as f64 / node.allocatable.cpu_milli.max(1) as f64;
     let mem = node.allocated.memory_bytes as f64 / node.allocatable.memory_bytes.max(1) as f64;
@@ -311,5 +316,31 @@ fn replace_expensive(
             pods: members.iter().map(|w| w.id.clone()).collect(),
             saving_per_hour: price - g.price,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cel::AttrValue;
+    use crate::model::dra::{ClaimHold, DraDevice, NVIDIA_GPU_DRIVER};
+
+    #[test]
+    fn a_dra_gpu_node_is_judged_by_its_held_gpus_not_its_cpu() {
+        let gpu = |i: u32| DraDevice {
+            driver: NVIDIA_GPU_DRIVER.into(),
+            pool: "n".into(),
+            name: format!("gpu-{i}"),
+            attributes: [(format!("{NVIDIA_GPU_DRIVER}/type"), AttrValue::Str("gpu".into()))].into(),
+            capacity: Default::default(),
+            consumes: Default::default(),
+        };
+        let mut node =
+            Node { allocatable: crate::model::Resources::new(192_000, 1 << 20), ..Node::default() };
+        node.dra.devices = (0..8).map(gpu).collect();
+        assert_eq!(utilization(&node), 0.0);
+        node.dra.claims.insert("ns/c".into(), ClaimHold { devices: (0..6).collect(), users: 1, fixed: true });
+        // Six of eight GPUs held, though hardly any CPU is requested.
+        assert_eq!(utilization(&node), 0.75);
     }
 }

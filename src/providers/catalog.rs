@@ -548,6 +548,94 @@ struct GfdInfo {
     compute: (u8, u8),
 }
 
+/// NVIDIA's DRA driver's `productName` and `architecture` of a catalog model (NVML's names).
+fn nvml_names(model: &str) -> Option<(&'static str, &'static str)> {
+    Some(match model {
+        "T4" => ("Tesla T4", "Turing"),
+        "A10G" => ("NVIDIA A10G", "Ampere"),
+        "L4" => ("NVIDIA L4", "Ada Lovelace"),
+        "L40S" => ("NVIDIA L40S", "Ada Lovelace"),
+        "A100-40GB" => ("NVIDIA A100-SXM4-40GB", "Ampere"),
+        "A100-80GB" => ("NVIDIA A100-SXM4-80GB", "Ampere"),
+        "H100-80GB" => ("NVIDIA H100 80GB HBM3", "Hopper"),
+        "H200-141GB" => ("NVIDIA H200", "Hopper"),
+        _ => return None,
+    })
+}
+
+/// The devices NVIDIA's DRA driver publishes on a new node like `template` (pool: the node):
+/// `gpu-N` for each GPU in standard mode, `gpu-N-mig-…` for each MIG instance of a GPU in MIG
+/// mode, with the attributes and `memory` capacity the driver sets from NVML. Attributes NVML
+/// reports per machine (`uuid`, `driverVersion`, `pcieBusID`) are left out unless the group's
+/// `dra.attributes` sets them.
+pub fn nvidia_dra_devices(template: &Node) -> Vec<crate::model::dra::DraDevice> {
+    use crate::model::cel::{AttrValue, Semver};
+    use crate::model::dra::{DraDevice, NVIDIA_GPU_DRIVER};
+    let Some(model) = template.gpu_model.as_deref() else {
+        return Vec::new();
+    };
+    let info = gfd_info(model);
+    let names = nvml_names(model);
+    let q = |k: &str| format!("{NVIDIA_GPU_DRIVER}/{k}");
+    let mut out = Vec::new();
+    for g in &template.gpus {
+        let mut attributes = BTreeMap::new();
+        if let Some((product, arch)) = names {
+            attributes.insert(q("productName"), AttrValue::Str(product.into()));
+            attributes.insert(q("architecture"), AttrValue::Str(arch.into()));
+            attributes
+                .insert(q("brand"), AttrValue::Str(if model == "T4" { "Tesla" } else { "Nvidia" }.into()));
+        }
+        if let Some(i) = &info {
+            let cc = Semver { core: (u64::from(i.compute.0), u64::from(i.compute.1), 0), pre: String::new() };
+            attributes.insert(q("cudaComputeCapability"), AttrValue::Version(cc));
+        }
+        let memory_mib = info.as_ref().map_or(g.memory_mib, |i| i.memory_mib);
+        let mib = |m: u64| i128::from(m) * (1 << 20) * 1_000_000_000;
+        match &g.mode {
+            GpuMode::Mig { instances, .. } => {
+                let geometry = GpuCatalog.resolve(model).and_then(|m| m.mig);
+                for inst in instances {
+                    let p = geometry.and_then(|geo| geo.profile(&inst.placement.profile));
+                    let size = p.map_or(1, |p| p.memory_slices);
+                    let mut a = attributes.clone();
+                    a.insert(q("type"), AttrValue::Str("mig".into()));
+                    a.insert(q("profile"), AttrValue::Str(inst.placement.profile.clone()));
+                    // `1g.10gb`: the profile names its memory (NVML reports a little less).
+                    let gb =
+                        inst.placement.profile.split('.').nth(1).and_then(|m| {
+                            m.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u64>().ok()
+                        });
+                    let capacity = gb.map(|gb| (q("memory"), mib(gb * 1024))).into_iter().collect();
+                    out.push(DraDevice {
+                        driver: NVIDIA_GPU_DRIVER.into(),
+                        pool: template.name.clone(),
+                        name: format!(
+                            "gpu-{}-mig-{}-{}-{}",
+                            g.index, inst.placement.profile, inst.placement.start, size
+                        ),
+                        attributes: a,
+                        capacity,
+                        consumes: BTreeMap::new(),
+                    });
+                }
+            }
+            _ => {
+                attributes.insert(q("type"), AttrValue::Str("gpu".into()));
+                out.push(DraDevice {
+                    driver: NVIDIA_GPU_DRIVER.into(),
+                    pool: template.name.clone(),
+                    name: format!("gpu-{}", g.index),
+                    attributes,
+                    capacity: BTreeMap::from([(q("memory"), mib(memory_mib))]),
+                    consumes: BTreeMap::new(),
+                });
+            }
+        }
+    }
+    out
+}
+
 fn gfd_info(model: &str) -> Option<GfdInfo> {
     let (product, memory_mib, family, compute) = match model {
         "T4" => ("Tesla-T4", 15360, "turing", (7, 5)),

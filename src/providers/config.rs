@@ -299,6 +299,38 @@ pub struct NodeGroupConfig {
     /// Price override for this group.
     #[serde(default)]
     pub price: Option<PriceConfig>,
+    /// New nodes publish their GPUs through NVIDIA's DRA driver (ResourceSlices of
+    /// `gpu.nvidia.com`) instead of the device plugin's `nvidia.com/gpu`: the devices are derived
+    /// from the instance type's GPUs (and MIG layout), with these overrides. Registered nodes of
+    /// the group that publish slices say better.
+    #[serde(default)]
+    pub dra: Option<DraConfig>,
+}
+
+/// What a group's new nodes publish through DRA, beyond what the catalog derives.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DraConfig {
+    /// Attributes of every device (`driverVersion: "570.124.6"`, `productName: ...`), by
+    /// name in the driver's domain or fully qualified; `driverVersion`, `cudaDriverVersion` and
+    /// `cudaComputeCapability` are versions.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, DraAttributeConfig>,
+    /// Capacities of every device (`memory: 81559Mi`).
+    #[serde(default)]
+    pub capacity: BTreeMap<String, String>,
+}
+
+/// A DRA attribute value in config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DraAttributeConfig {
+    /// `true`/`false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A string (or a version, by name).
+    Str(String),
 }
 
 /// Largest group size a config may declare: GKE's 15,000-node cluster limit, the largest any
@@ -1130,6 +1162,12 @@ impl Validator {
                 return;
             }
         };
+        if let Some(dra) = &g.dra {
+            if let Err((field, value, reason)) = apply_dra(&mut template, dra) {
+                self.err(file, format!("{at}.dra.{field}"), value, reason);
+                return;
+            }
+        }
         let id = format!("{}/{}", a.name, g.name);
         let capacity_labels: &[(&str, &str)] = match (cloud, g.capacity_type) {
             (Cloud::Aws, CapacityType::OnDemand) => &[
@@ -1170,4 +1208,53 @@ impl Validator {
             template,
         });
     }
+}
+
+/// Makes `template` a node that publishes its GPUs through DRA: the derived devices with the
+/// config's overrides, and no device-plugin GPUs. An error names the field.
+fn apply_dra(template: &mut crate::model::Node, dra: &DraConfig) -> Result<(), (String, String, String)> {
+    use crate::model::cel::{parse_quantity_nanos, AttrValue, Semver};
+    use crate::model::dra::NVIDIA_GPU_DRIVER;
+    let mut devices = catalog::nvidia_dra_devices(template);
+    if devices.is_empty() {
+        return Err((
+            "".into(),
+            "set".into(),
+            "the instance type has no GPUs of a known model to publish".into(),
+        ));
+    }
+    let qualify = |n: &str| if n.contains('/') { n.to_string() } else { format!("{NVIDIA_GPU_DRIVER}/{n}") };
+    for (name, v) in &dra.attributes {
+        let value = match v {
+            DraAttributeConfig::Bool(b) => AttrValue::Bool(*b),
+            DraAttributeConfig::Int(i) => AttrValue::Int(*i),
+            DraAttributeConfig::Str(s)
+                if name.ends_with("Version") || name.ends_with("cudaComputeCapability") =>
+            {
+                let v = Semver::parse(s).ok_or_else(|| {
+                    (
+                        format!("attributes.{name}"),
+                        s.clone(),
+                        "a semantic version (major.minor.patch)".to_string(),
+                    )
+                })?;
+                AttrValue::Version(v)
+            }
+            DraAttributeConfig::Str(s) => AttrValue::Str(s.clone()),
+        };
+        devices.iter_mut().for_each(|d| {
+            d.attributes.insert(qualify(name), value.clone());
+        });
+    }
+    for (name, v) in &dra.capacity {
+        let q = parse_quantity_nanos(v).ok_or_else(|| {
+            (format!("capacity.{name}"), v.clone(), "a quantity such as 81559Mi".to_string())
+        })?;
+        devices.iter_mut().for_each(|d| {
+            d.capacity.insert(qualify(name), q);
+        });
+    }
+    template.dra.devices = devices;
+    template.gpus.clear();
+    Ok(())
 }

@@ -41,11 +41,15 @@ pub enum Unfit {
     VolumeBindConflict,
     /// A bound PersistentVolume's zone or region is not the node's (VolumeZone).
     VolumeZoneConflict,
+    /// A ResourceClaim of the pod is allocated to devices of another node (DynamicResources).
+    ClaimElsewhere,
+    /// The node's free DRA devices cannot serve all the pod's claims (DynamicResources).
+    ClaimsUnallocatable,
 }
 
 impl Unfit {
     /// Every reason, in declaration order (their `as usize` values index this array).
-    pub const ALL: [Unfit; 16] = [
+    pub const ALL: [Unfit; 18] = [
         Unfit::NodeUnschedulable,
         Unfit::NodeMismatch,
         Unfit::InsufficientCpu,
@@ -62,6 +66,8 @@ impl Unfit {
         Unfit::VolumeNodeConflict,
         Unfit::VolumeBindConflict,
         Unfit::VolumeZoneConflict,
+        Unfit::ClaimElsewhere,
+        Unfit::ClaimsUnallocatable,
     ];
 
     /// A short reason for events and plans.
@@ -83,6 +89,8 @@ impl Unfit {
             Unfit::VolumeNodeConflict => "had volume node affinity conflict",
             Unfit::VolumeBindConflict => "didn't find available persistent volumes to bind",
             Unfit::VolumeZoneConflict => "had no available volume zone",
+            Unfit::ClaimElsewhere => "resourceclaim not available on the node",
+            Unfit::ClaimsUnallocatable => "cannot allocate all claims",
         }
     }
 }
@@ -93,7 +101,8 @@ const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
 /// Checks everything but devices, as kube-scheduler's per-node filters do: NodeUnschedulable,
 /// NodeAffinity/TaintToleration (and the GPU model), NodeResourcesFit for CPU, memory, pods and
-/// every extended resource, NodePorts, VolumeBinding and VolumeZone.
+/// every extended resource, NodePorts, VolumeBinding and VolumeZone, and DynamicResources for a
+/// claim already allocated on another node.
 pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
     let tolerates_cordon = || {
         let taint = crate::model::Taint {
@@ -129,6 +138,9 @@ pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
     if workload.host_ports.iter().any(|p| node.host_ports.iter().any(|q| p.conflicts(q))) {
         return Err(Unfit::HostPortTaken);
     }
+    if workload.dra_claims.iter().any(|c| c.allocated_on.as_ref().is_some_and(|n| n != &node.name)) {
+        return Err(Unfit::ClaimElsewhere);
+    }
     for need in &workload.volumes {
         if !need.admits(node) {
             return Err(match need {
@@ -159,6 +171,12 @@ pub fn holds_all<'a>(node: &Node, pods: impl IntoIterator<Item = &'a Workload>) 
 /// never happens: a node without a choice is an `Err`.
 pub fn candidates(node: &Node, workload: &Workload) -> Result<Vec<DeviceAssignment>, Unfit> {
     check_node(node, workload)?;
+    // DynamicResources: the claims are allocated from the node's free devices. The allocation
+    // is a pure function of the node and the claims, so committing the placement recomputes it
+    // ([`Node::allocate_pod`]) instead of carrying it in every device choice.
+    if !workload.dra_claims.is_empty() && node.dra.allocate(&workload.dra_claims).is_none() {
+        return Err(Unfit::ClaimsUnallocatable);
+    }
     match &workload.gpu {
         GpuDemand::None => Ok(vec![DeviceAssignment::None]),
         GpuDemand::Whole { count } => whole(node, *count),

@@ -38,6 +38,7 @@ struct ShapeKey {
     extended: BTreeMap<String, u64>,
     host_ports: Vec<crate::model::HostPort>,
     volumes: Vec<crate::model::VolumeNeed>,
+    dra_claims: Vec<crate::model::dra::DraClaim>,
 }
 
 impl ShapeKey {
@@ -52,6 +53,7 @@ impl ShapeKey {
             extended: w.extended.clone(),
             host_ports: w.host_ports.clone(),
             volumes: w.volumes.clone(),
+            dra_claims: w.dra_claims.clone(),
         }
     }
 }
@@ -93,6 +95,9 @@ pub struct Placer<'p> {
     /// Pods by label and by what their anti-affinity selects, nodes by topology domain: what the
     /// cluster-wide filters look up.
     index: super::interpod::ClusterIndex,
+    /// The node each DRA claim is allocated on (the snapshot's and the plan's): every pod
+    /// sharing a claim goes where the claim's devices are.
+    claim_nodes: HashMap<String, NodeId>,
 }
 
 /// Whether a workload's node selector or required node affinity names a host (the label or the
@@ -101,6 +106,7 @@ fn names_a_host(w: &Workload) -> bool {
     w.node_selector.contains_key(HOSTNAME_LABEL)
         || w.affinity_terms.iter().flatten().any(|r| r.key == HOSTNAME_LABEL)
         || w.volumes.iter().any(crate::model::VolumeNeed::names_a_host)
+        || w.dra_claims.iter().any(|c| c.allocated_on.is_some())
 }
 
 /// Whether a shape can run on an empty node of the class (computed once per pair). A free
@@ -135,6 +141,9 @@ fn static_key(node: &Node) -> u64 {
     node.state.hash(&mut h);
     node.max_pods.hash(&mut h);
     node.extended_allocatable.hash(&mut h);
+    // DRA devices are part of what a node can ever offer (attributes, capacity, counters).
+    node.dra.devices.hash(&mut h);
+    node.dra.counters.hash(&mut h);
     for d in &node.gpus {
         d.memory_mib.hash(&mut h);
         match &d.mode {
@@ -160,6 +169,7 @@ fn emptied(node: &Node) -> Node {
     n.extended_allocated.clear();
     n.host_ports.clear();
     n.residents.clear();
+    n.dra.claims.clear();
     for d in &mut n.gpus {
         d.used_milli = 0;
         d.used_memory_mib = 0;
@@ -199,6 +209,7 @@ impl<'p> Placer<'p> {
             class_keys: HashMap::new(),
             static_fit: Vec::new(),
             index: Default::default(),
+            claim_nodes: HashMap::new(),
         };
         for node in nodes {
             placer.push_node(node);
@@ -219,6 +230,9 @@ impl<'p> Placer<'p> {
             }
         }
         self.class_of.push(class);
+        for key in node.dra.claims.keys() {
+            self.claim_nodes.insert(key.clone(), id);
+        }
         self.nodes.push(node);
         id
     }
@@ -296,8 +310,15 @@ impl<'p> Placer<'p> {
         workload: &Workload,
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
+        // A claim allocated on a node (by the snapshot or an earlier placement) pins the pod
+        // there; claims pinned to two nodes pin it nowhere.
+        let mut pinned = workload.dra_claims.iter().filter_map(|c| self.claim_nodes.get(&c.key).copied());
+        let pin = pinned.next();
+        if pin.is_some() && pinned.any(|p| Some(p) != pin) {
+            return Err(Unfit::ClaimElsewhere);
+        }
         let shape = self.shape_index(workload);
-        let by_class = !names_a_host(workload);
+        let by_class = !names_a_host(workload) && pin.is_none();
         // Pod affinity and spread depend on the whole cluster, not on the node and shape: judged
         // afresh for each workload, never cached.
         let interpod = super::interpod::judge(&self.nodes, None, workload, &self.index);
@@ -316,6 +337,10 @@ impl<'p> Placer<'p> {
                 break;
             }
             if !allowed(id) {
+                continue;
+            }
+            if pin.is_some_and(|p| p != id) {
+                reasons[Unfit::ClaimElsewhere as usize] += 1;
                 continue;
             }
             if let Some(s) = shape.filter(|_| by_class) {
@@ -452,6 +477,11 @@ impl<'p> Placer<'p> {
             self.index.add_pod(placement.node, id);
         }
         self.nodes[placement.node].allocate_pod(workload, &placement.devices);
+        for c in &workload.dra_claims {
+            if self.nodes[placement.node].dra.claims.contains_key(&c.key) {
+                self.claim_nodes.insert(c.key.clone(), placement.node);
+            }
+        }
         self.invalidate(placement.node);
     }
 
@@ -463,6 +493,11 @@ impl<'p> Placer<'p> {
             }
         }
         self.nodes[placement.node].release_pod(workload, &placement.devices);
+        for c in &workload.dra_claims {
+            if !self.nodes[placement.node].dra.claims.contains_key(&c.key) {
+                self.claim_nodes.remove(&c.key);
+            }
+        }
         self.invalidate(placement.node);
     }
 

@@ -1,0 +1,309 @@
+//! Dynamic Resource Allocation (#22): exact plans on snapshots shaped as `kubectl get
+//! nodes,pods,pdb,resourceclaims,resourceclaimtemplates,resourceslices,deviceclasses -A -o json`
+//! shows them, with ResourceSlices as NVIDIA's DRA driver (`gpu.nvidia.com`) publishes them for
+//! H100, A100 (MIG) and L4 nodes, and DeviceClasses as its Helm chart installs them.
+
+use gpuscale::k8s::SourcedObject;
+use gpuscale::planner::{self, PlanInput, PlannerSettings};
+use serde_json::{json, Value};
+
+#[path = "support/dra.rs"]
+mod dra;
+
+use dra::*;
+
+const GROUPS: &str = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    nodeGroups:
+      - {name: h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 16, targetSize: 0,
+         dra: {attributes: {driverVersion: "570.124.6"}}}
+      - {name: l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 16, targetSize: 0, dra: {}}
+"#;
+
+fn plan(objects: Vec<Value>, groups: Option<&str>) -> gpuscale::planner::Plan {
+    // Both ingest paths: the general one and the fast one of a kubectl List file.
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("test", o)).collect();
+    let snapshot = gpuscale::k8s::convert(&objs).expect("a valid snapshot").snapshot;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.json");
+    std::fs::write(
+        &file,
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": objects})).unwrap(),
+    )
+    .unwrap();
+    let fast = gpuscale::k8s::load_snapshot(&file).expect("a valid snapshot").snapshot;
+    assert_eq!(serde_json::to_value(&snapshot).unwrap(), serde_json::to_value(&fast).unwrap());
+    let groups = groups.map_or_else(Vec::new, |yaml| {
+        gpuscale::providers::config::load_strs(&[("groups.yaml", yaml)])
+            .expect("valid provider config")
+            .node_groups()
+    });
+    let input = PlanInput { snapshot, groups, unavailable: Default::default() };
+    planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() })
+}
+
+fn placed(p: &gpuscale::planner::Plan) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = p.placements.iter().map(|x| (x.pod.clone(), x.node.clone())).collect();
+    v.sort();
+    v
+}
+
+fn scale_ups(p: &gpuscale::planner::Plan) -> Vec<(String, u32)> {
+    p.scale_ups.iter().map(|s| (s.group.rsplit('/').next().unwrap().to_string(), s.to - s.from)).collect()
+}
+
+fn s(a: &str, b: &str) -> (String, String) {
+    (a.to_string(), b.to_string())
+}
+
+#[test]
+fn a_four_gpu_claim_goes_only_to_the_node_with_four_free_dra_gpus() {
+    let mut objects = device_classes();
+    objects.extend([
+        node("h100-a", H100, "h100", 8, 0),
+        node("h100-b", H100, "h100", 8, 0),
+        node("l4-a", L4, "l4", 4, 0),
+        node("cpu-a", ("m6i.4xlarge", "", "", "", "", ""), "cpu", 0, 0),
+        slice("h100-a", gpus(8, H100)),
+        slice("h100-b", gpus(8, H100)),
+        slice("l4-a", gpus(4, L4)),
+        template("four-h100", "gpu.nvidia.com", 4, &[]),
+        template("four-any", "gpu.nvidia.com", 4, &[]),
+        // h100-a has 5 of 8 GPUs taken by a running pod's claim; h100-b 6 of 8.
+        allocated(
+            claim("busy-a", "gpu.nvidia.com", 5),
+            "h100-a",
+            &["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"],
+            "run-a",
+        ),
+        bound(pod("run-a", "busy-a", false), "h100-a"),
+        allocated(
+            claim("busy-b", "gpu.nvidia.com", 6),
+            "h100-b",
+            &["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"],
+            "run-b",
+        ),
+        bound(pod("run-b", "busy-b", false), "h100-b"),
+        pod("want4", "four-any", true),
+    ]);
+    // cpu-a's labels say no GPU; remove them.
+    objects[5]["metadata"]["labels"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("nvidia.com"));
+    let p = plan(objects.clone(), None);
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    // Only the L4 node has four free devices of the class: not the H100s (3 and 2 free), never
+    // the CPU node.
+    assert_eq!(placed(&p), vec![s("ml/want4", "l4-a")]);
+
+    // A second such pod fits nowhere: the L4's four devices are the first pod's now.
+    objects.push(pod("want4-again", "four-any", true));
+    let p = plan(objects, None);
+    assert_eq!(placed(&p), vec![s("ml/want4", "l4-a")]);
+    assert_eq!(p.unschedulable.len(), 1);
+    assert_eq!(p.unschedulable[0].pod, "ml/want4-again");
+}
+
+#[test]
+fn a_ready_node_whose_gpus_come_through_slices_is_ready_capacity() {
+    let mut objects = device_classes();
+    objects.extend([node("h100-a", H100, "h100", 8, 0), slice("h100-a", gpus(8, H100))]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
+    let snap = gpuscale::k8s::convert(&objs).unwrap().snapshot;
+    assert_eq!(snap.nodes[0].state, gpuscale::model::NodeState::Ready);
+    assert_eq!(snap.nodes[0].dra.gpus(), (8, 8));
+    assert!(snap.nodes[0].gpus.is_empty(), "no nvidia.com/gpu for device-plugin pods");
+    // Without its slice, the same node still waits for a device plugin.
+    let objs: Vec<SourcedObject> =
+        objects[2..3].iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
+    let snap = gpuscale::k8s::convert(&objs).unwrap().snapshot;
+    assert_eq!(snap.nodes[0].state, gpuscale::model::NodeState::Initializing);
+}
+
+#[test]
+fn a_gang_of_four_eight_gpu_claims_scales_the_h100_group_by_four() {
+    let mut objects = device_classes();
+    objects.push(template(
+        "eight-h100",
+        "gpu.nvidia.com",
+        8,
+        &["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"],
+    ));
+    objects.push(json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "llm", "namespace": "ml"}, "spec": {"minMember": 4}}));
+    for i in 0..4 {
+        let mut p = pod(&format!("llm-{i}"), "eight-h100", true);
+        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+        objects.push(p);
+    }
+    let p = plan(objects.clone(), Some(GROUPS));
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    assert_eq!(scale_ups(&p), vec![("h100".to_string(), 4)]);
+
+    // A gang that cannot be whole (the group has room for three more nodes) scales nothing.
+    let small = GROUPS
+        .replace("maxSize: 16, targetSize: 0,\n         dra", "maxSize: 3, targetSize: 0,\n         dra");
+    let p = plan(objects, Some(&small));
+    assert_eq!(scale_ups(&p), vec![]);
+    assert_eq!(p.unschedulable.len(), 4);
+}
+
+#[test]
+fn a_selector_only_one_gpu_model_satisfies_picks_that_model() {
+    let mut objects = device_classes();
+    objects.extend([
+        node("h100-a", H100, "h100", 8, 0),
+        node("l4-a", L4, "l4", 4, 0),
+        slice("h100-a", gpus(8, H100)),
+        slice("l4-a", gpus(4, L4)),
+        template(
+            "big-mem",
+            "gpu.nvidia.com",
+            1,
+            &["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"],
+        ),
+        template(
+            "l4-only",
+            "gpu.nvidia.com",
+            2,
+            &["device.attributes['gpu.nvidia.com'].productName.matches('L4$')"],
+        ),
+        pod("big", "big-mem", true),
+        pod("small", "l4-only", true),
+    ]);
+    let p = plan(objects, None);
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    assert_eq!(placed(&p), vec![s("ml/big", "h100-a"), s("ml/small", "l4-a")]);
+
+    // With no H100 node, the memory selector scales the H100 group, not the cheaper L4 one.
+    let mut objects = device_classes();
+    objects.push(template(
+        "big-mem",
+        "gpu.nvidia.com",
+        1,
+        &["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"],
+    ));
+    objects.push(pod("big", "big-mem", true));
+    let p = plan(objects, Some(GROUPS));
+    assert_eq!(scale_ups(&p), vec![("h100".to_string(), 1)]);
+}
+
+#[test]
+fn a_mig_claim_takes_a_free_mig_device() {
+    let mut objects = device_classes();
+    let mut devices = Vec::new();
+    for g in 0..2 {
+        for (start, profile, id, size, mem) in
+            [(0, "3g.20gb", 9, 4, "19968Mi"), (4, "2g.10gb", 14, 2, "9856Mi"), (6, "1g.5gb", 19, 1, "4864Mi")]
+        {
+            devices.push(mig_device(g, profile, id, start, size, mem));
+        }
+    }
+    objects.extend([
+        node("a100-a", A100, "a100", 8, 0),
+        slice("a100-a", devices),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+          "metadata": {"name": "mig-2g", "namespace": "ml"},
+          "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+              "deviceClassName": "mig.nvidia.com", "count": 1,
+              "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '2g.10gb'"}}]}}]}}}}),
+    ]);
+    for i in 0..3 {
+        objects.push(pod(&format!("mig-{i}"), "mig-2g", true));
+    }
+    let p = plan(objects, None);
+    // Two 2g.10gb instances exist: two pods run, the third waits.
+    assert_eq!(placed(&p), vec![s("ml/mig-0", "a100-a"), s("ml/mig-1", "a100-a")]);
+    assert_eq!(p.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/mig-2"]);
+}
+
+#[test]
+fn a_shared_claim_is_allocated_once_and_its_pods_go_to_its_node() {
+    let mut objects = device_classes();
+    objects.extend([
+        node("l4-a", L4, "l4", 4, 0),
+        node("l4-b", L4, "l4", 4, 0),
+        slice("l4-a", gpus(4, L4)),
+        slice("l4-b", gpus(4, L4)),
+        claim("shared-pair", "gpu.nvidia.com", 2),
+        pod("reader-0", "shared-pair", false),
+        pod("reader-1", "shared-pair", false),
+        template("three", "gpu.nvidia.com", 3, &[]),
+        pod("other", "three", true),
+    ]);
+    let p = plan(objects.clone(), None);
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    let got = placed(&p);
+    // Both readers on one node, holding two GPUs once (were they counted twice, the node would
+    // have none left); the three-GPU pod on the other node.
+    assert_eq!(got[1].1, got[2].1, "{got:?}");
+    assert_ne!(got[0].1, got[1].1, "{got:?}");
+
+    // Once allocated on l4-b, the claim pins its pods there.
+    let n = objects.len();
+    objects[n - 5] =
+        allocated(claim("shared-pair", "gpu.nvidia.com", 2), "l4-b", &["gpu-0", "gpu-1"], "reader-0");
+    let p = plan(objects, None);
+    let got = placed(&p);
+    assert_eq!(got[1], s("ml/reader-0", "l4-b"));
+    assert_eq!(got[2], s("ml/reader-1", "l4-b"));
+    assert_eq!(got[0], s("ml/other", "l4-a"));
+}
+
+#[test]
+fn a_node_with_device_plugin_and_dra_gpus_serves_both_kinds_of_pod() {
+    let mut objects = device_classes();
+    // Four GPUs through the device plugin, four through DRA (the driver publishes the others).
+    objects.extend([
+        node("h100-mixed", H100, "h100", 8, 4),
+        slice("h100-mixed", (4..8).map(|i| gpu_device(i, H100)).collect()),
+        template("four", "gpu.nvidia.com", 4, &[]),
+        pod("dra", "four", true),
+    ]);
+    let plugin = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
+          "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+              "requests": {"cpu": "1", "nvidia.com/gpu": "4"}, "limits": {"nvidia.com/gpu": "4"}}}]},
+          "status": {"phase": "Pending"}})
+    };
+    objects.push(plugin("plugin"));
+    objects.push(plugin("plugin-2"));
+    let p = plan(objects, None);
+    assert_eq!(placed(&p), vec![s("ml/dra", "h100-mixed"), s("ml/plugin", "h100-mixed")]);
+    assert_eq!(p.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/plugin-2"]);
+}
+
+#[test]
+fn missing_templates_and_classes_block_the_pod_with_a_warning_naming_the_field() {
+    let mut objects = device_classes();
+    objects.extend([
+        node("l4-a", L4, "l4", 4, 0),
+        slice("l4-a", gpus(4, L4)),
+        template("bad-class", "gpu.example.com", 1, &[]),
+        pod("no-template", "missing", true),
+        pod("no-class", "bad-class", true),
+    ]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
+    let loaded = gpuscale::k8s::convert(&objs).unwrap();
+    let w = loaded.warnings.join("\n");
+    assert!(w.contains("Pod ml/no-template: spec.resourceClaims[0].resourceClaimTemplateName: resourceclaimtemplate \"missing\" not found"), "{w}");
+    assert!(w.contains("resource class gpu.example.com does not exist"), "{w}");
+    let p = plan(objects, None);
+    assert!(p.placements.is_empty());
+    assert_eq!(p.unschedulable.len(), 2);
+
+    // A selector outside the supported CEL is an error naming the object and field.
+    let mut objects = device_classes();
+    objects.extend([
+        template("weird", "gpu.nvidia.com", 1, &["device.attributes.exists(a, true)"]),
+        pod("w", "weird", true),
+    ]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
+    let e = gpuscale::k8s::convert(&objs).unwrap_err().to_string();
+    assert!(
+        e.contains("ResourceClaimTemplate ml/weird")
+            && e.contains("spec.spec.devices.requests[0].exactly.selectors[0].cel.expression"),
+        "{e}"
+    );
+}

@@ -1,0 +1,180 @@
+//! DRA end to end (#22): the same snapshot planned by gpuscale and given to a real kube-apiserver
+//! and kube-scheduler 1.35, whose DynamicResources plugin allocates the claims. Every pending pod
+//! gpuscale places goes to the node kube-scheduler binds it to, and the pod gpuscale cannot place
+//! kube-scheduler leaves pending. Named ResourceClaims only: templates need the resourceclaim
+//! controller of kube-controller-manager, which this control plane does not run.
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+#[path = "support/dra.rs"]
+mod dra;
+
+use controlplane::{ControlPlane, Options};
+use dra::*;
+use gpuscale::k8s::SourcedObject;
+use gpuscale::planner::{self, PlanInput, PlannerSettings};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn named_claim(name: &str, class: &str, count: u32, selectors: &[&str]) -> Value {
+    let mut c = claim(name, class, count);
+    let sel: Vec<Value> = selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect();
+    c["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = json!(sel);
+    c
+}
+
+fn scenario() -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let mut mig = Vec::new();
+    for g in 0..2 {
+        mig.push(mig_device(g, "3g.20gb", 9, 0, 4, "19968Mi"));
+        mig.push(mig_device(g, "2g.10gb", 14, 4, 2, "9856Mi"));
+    }
+    let mut base = device_classes();
+    base.extend([
+        node("h100-a", H100, "h100", 8, 0),
+        node("l4-a", L4, "l4", 4, 0),
+        node("a100-a", A100, "a100", 2, 0),
+        slice("h100-a", gpus(8, H100)),
+        slice("l4-a", gpus(4, L4)),
+        slice("a100-a", mig),
+    ]);
+    // Five of h100-a's GPUs are allocated already.
+    let busy = allocated(
+        claim("busy", "gpu.nvidia.com", 5),
+        "h100-a",
+        &["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"],
+        "x",
+    );
+    let claims = vec![
+        busy,
+        named_claim("four", "gpu.nvidia.com", 4, &[]),
+        named_claim(
+            "big-mem",
+            "gpu.nvidia.com",
+            1,
+            &["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"],
+        ),
+        named_claim(
+            "mig-2g",
+            "mig.nvidia.com",
+            1,
+            &["device.attributes['gpu.nvidia.com'].profile == '2g.10gb'"],
+        ),
+        named_claim(
+            "shared-h100",
+            "gpu.nvidia.com",
+            1,
+            &["device.attributes['gpu.nvidia.com'].productName.matches('H100')"],
+        ),
+        named_claim(
+            "five-l4",
+            "gpu.nvidia.com",
+            5,
+            &["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA L4'"],
+        ),
+    ];
+    let pods = vec![
+        pod("want4", "four", false),
+        pod("big", "big-mem", false),
+        pod("mig", "mig-2g", false),
+        pod("reader-0", "shared-h100", false),
+        pod("reader-1", "shared-h100", false),
+        pod("too-many", "five-l4", false),
+    ];
+    (base, claims, pods)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_scheduler_binds_dra_pods_where_the_plan_places_them() {
+    let (base, claims, pods) = scenario();
+    let all: Vec<Value> = base.iter().chain(&claims).chain(&pods).cloned().collect();
+    let objects: Vec<SourcedObject> = all.iter().cloned().map(|o| SourcedObject::new("e2e", o)).collect();
+    let snapshot = gpuscale::k8s::convert(&objects).expect("valid snapshot").snapshot;
+    let plan = planner::plan(
+        &PlanInput { snapshot, groups: Vec::new(), unavailable: Default::default() },
+        &PlannerSettings { scale_down: false, consolidation: false, ..Default::default() },
+    );
+    let mut expected: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for p in &plan.placements {
+        expected.insert(p.pod.clone(), Some(p.node.clone()));
+    }
+    for u in &plan.unschedulable {
+        expected.insert(u.pod.clone(), None);
+    }
+    assert_eq!(expected.len(), pods.len(), "{plan:?}");
+    // The plan itself (so a silent agreement on nothing cannot pass).
+    assert_eq!(expected["ml/want4"].as_deref(), Some("l4-a"));
+    assert_eq!(expected["ml/big"].as_deref(), Some("h100-a"));
+    assert_eq!(expected["ml/mig"].as_deref(), Some("a100-a"));
+    assert_eq!(expected["ml/reader-0"].as_deref(), Some("h100-a"));
+    assert_eq!(expected["ml/too-many"], None);
+
+    let cp = ControlPlane::start(Options::default()).await;
+    cp.ensure_namespace("ml").await;
+    let post = |o: Value| {
+        let cp = &cp;
+        async move {
+            let path = controlplane::object_path(&o);
+            let collection = path.rsplit_once('/').unwrap().0.to_string();
+            let created = cp
+                .raw("POST", &collection, Some(o.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("create {path}: {e}"));
+            if o.get("status").is_some_and(|s| !s.is_null()) && o["kind"] != "Pod" {
+                cp.raw_patch(&format!("{path}/status"), &json!({"status": o["status"]})).await;
+            }
+            created
+        }
+    };
+    for o in base.iter().chain(&claims) {
+        post(o.clone()).await;
+    }
+    // The running allocation is in place before any pod is scheduled (else h100-a would have
+    // room for the four-GPU claim too).
+    let busy =
+        cp.raw("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/busy", None).await.unwrap();
+    assert_eq!(
+        busy["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len),
+        Some(5),
+        "{busy}"
+    );
+    for n in base.iter().filter(|o| o["kind"] == "Node") {
+        // Lift the not-ready taint admission gave the new Node, as the node lifecycle controller
+        // does for a Ready node.
+        let path = format!("/api/v1/nodes/{}", n["metadata"]["name"].as_str().unwrap());
+        cp.raw_patch(&path, &json!({"spec": {"taints": null}})).await;
+    }
+    for p in &pods {
+        post(p.clone()).await;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut got: BTreeMap<String, Option<String>> = BTreeMap::new();
+    loop {
+        got.clear();
+        let list = cp.raw("GET", "/api/v1/namespaces/ml/pods", None).await.expect("list pods");
+        for p in list["items"].as_array().unwrap() {
+            let id = format!("ml/{}", p["metadata"]["name"].as_str().unwrap());
+            if let Some(n) = p["spec"]["nodeName"].as_str() {
+                got.insert(id, Some(n.to_string()));
+            } else if p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
+                c["type"] == "PodScheduled" && c["status"] == "False" && c["reason"] == "Unschedulable"
+            }) {
+                got.insert(id, None);
+            }
+        }
+        if got.len() == pods.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "kube-scheduler decided only {got:?}\n{}", cp.scheduler_log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(got, expected, "kube-scheduler (left) and the plan (right) disagree\n{}", cp.scheduler_log());
+    // kube-scheduler allocated the shared claim once, on the node both readers run on.
+    let shared = cp
+        .raw("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/shared-h100", None)
+        .await
+        .unwrap();
+    assert_eq!(shared["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len), Some(1));
+}
