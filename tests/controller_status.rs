@@ -412,3 +412,44 @@ async fn handle_publishes_in_order_without_blocking_the_caller() {
         .expect("the status task ends when its handles are dropped")
         .expect("status task");
 }
+
+/// Every plan repeats `NotTriggerScaleUp` for every pod it cannot help (thousands on a large
+/// cluster): an unchanged one is not published again in the next loop, a changed one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_not_triggered_event_is_not_published_again_next_loop() {
+    let server = cluster().await;
+    let status = StatusPublisher::new(server.client(), NS, "gpuscale-0");
+    let groups = vec![group(H100, 1)];
+    let stuck = |reason: &str| Plan {
+        unschedulable: vec![Unschedulable { pod: "ml/huge".into(), reason: reason.into() }],
+        ..Default::default()
+    };
+    let event_writes = || {
+        server
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                matches!(r.method.as_str(), "POST" | "PATCH") && r.path.contains("/namespaces/ml/events")
+            })
+            .count()
+    };
+    for _ in 0..3 {
+        status.begin_loop();
+        status.publish_plan(&stuck("no node group has 16 GPUs per node"), &groups, false).await;
+    }
+    let ev = one_event(&server, "ml", "huge", "NotTriggerScaleUp");
+    assert!(ev["note"].as_str().is_some_and(|n| n.contains("16 GPUs")), "{ev}");
+    assert_eq!(event_writes(), 1, "published once over three loops");
+
+    status.begin_loop();
+    status.publish_plan(&stuck("the tenant's GPU quota is used up"), &groups, false).await;
+    assert_eq!(event_writes(), 2, "a new reason is published");
+
+    // Once schedulable (not in the plan) and stuck again, it is news again.
+    status.begin_loop();
+    status.publish_plan(&Plan::default(), &groups, false).await;
+    status.begin_loop();
+    status.publish_plan(&stuck("the tenant's GPU quota is used up"), &groups, false).await;
+    assert_eq!(event_writes(), 3);
+    assert_all_allowed(&server);
+}

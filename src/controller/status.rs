@@ -6,7 +6,14 @@
 //! pods, `ScaleDown` on drained nodes, evicted pods and nodes being replaced (action `Replace`),
 //! `ScaleUpFailed`/`ScaleDownFailed` warnings. The same (object, reason) is published once per
 //! loop ([`StatusPublisher::begin_loop`]); across loops the recorder turns repeats into an event
-//! series.
+//! series. `NotTriggerScaleUp`, which every plan repeats for every pod it cannot help (thousands
+//! on a large cluster), is published again only when its message changes or
+//! [`NOT_TRIGGERED_REPEAT`] has passed, as client-go's event spam filter lets an object's events
+//! through.
+//!
+//! The loop hands plans over without waiting ([`StatusHandle`]); a plan not yet published when
+//! the next arrives is replaced by it, so a slow API server delays the status but never piles up
+//! plans in memory.
 //!
 //! ConfigMaps, server-side applied with field manager `gpuscale` in the controller's namespace:
 //! `gpuscale-status-<group>` per node group (sizes, node counts, last scale-up/-down, backoff,
@@ -35,6 +42,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Field manager of the server-side applied ConfigMaps, and reporting controller of events.
 pub const FIELD_MANAGER: &str = "gpuscale";
@@ -125,6 +133,33 @@ struct Memory {
     group_ids: Vec<String>,
     published: HashSet<(String, String, String, String)>,
     uids: HashMap<(String, String, String), Option<String>>,
+    /// `NotTriggerScaleUp` published per pod: its message and when, while the pod stays
+    /// unschedulable.
+    not_triggered: HashMap<String, (String, Instant)>,
+}
+
+/// How long a pod's unchanged `NotTriggerScaleUp` is not published again (client-go's event
+/// spam filter lets one event per object through every 5 minutes once its burst is spent).
+pub const NOT_TRIGGERED_REPEAT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Each group's nodes by state (Ready, Initializing, Upcoming, Deleting), for the status
+/// ConfigMaps.
+pub type NodeCounts = BTreeMap<String, [usize; 4]>;
+
+/// Counts the nodes of each of `groups` in `snapshot` by state.
+pub fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup]) -> NodeCounts {
+    let mut counts: NodeCounts = groups.iter().map(|g| (g.id.clone(), [0; 4])).collect();
+    for n in &snapshot.nodes {
+        let Some(g) = group_of(n, groups) else { continue };
+        let Some(c) = counts.get_mut(&groups[g].id) else { continue };
+        c[match n.state {
+            NodeState::Ready => 0,
+            NodeState::Initializing => 1,
+            NodeState::Upcoming => 2,
+            NodeState::Deleting => 3,
+        }] += 1;
+    }
+    counts
 }
 
 /// Publishes events and status ConfigMaps for the controller. Cheap to share behind an `Arc`.
@@ -371,6 +406,27 @@ impl StatusPublisher {
         in_mode(&group_configmap_name(group, mem.group_ids.iter().map(String::as_str)), self.is_dry_run())
     }
 
+    /// The unschedulable pods of `plan` whose `NotTriggerScaleUp` is due: never published, its
+    /// message changed, or published [`NOT_TRIGGERED_REPEAT`] ago. Pods no longer unschedulable
+    /// are forgotten, so the memory follows the plan's size.
+    fn not_triggered_due<'p>(&self, plan: &'p Plan, now: Instant) -> HashSet<&'p str> {
+        let mut mem = self.memory();
+        let current: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
+        mem.not_triggered.retain(|pod, _| current.contains(pod.as_str()));
+        let mut due = HashSet::new();
+        for u in &plan.unschedulable {
+            let fresh = match mem.not_triggered.get(&u.pod) {
+                Some((reason, at)) => *reason != u.reason || now.duration_since(*at) >= NOT_TRIGGERED_REPEAT,
+                None => true,
+            };
+            if fresh {
+                mem.not_triggered.insert(u.pod.clone(), (u.reason.clone(), now));
+                due.insert(u.pod.as_str());
+            }
+        }
+        due
+    }
+
     /// Publishes a loop's plan: `NotTriggerScaleUp` on unschedulable pods, in dry-run mode the
     /// events of the actions that would be taken, and the status ConfigMaps. Node counts are
     /// left out; [`StatusPublisher::publish_plan_with_nodes`] adds them.
@@ -386,20 +442,15 @@ impl StatusPublisher {
         snapshot: &ClusterSnapshot,
         dry_run: bool,
     ) {
-        self.publish(plan, groups, Some(snapshot), dry_run).await;
+        self.publish(plan, groups, Some(&node_counts(snapshot, groups)), dry_run).await;
     }
 
-    async fn publish(
-        &self,
-        plan: &Plan,
-        groups: &[NodeGroup],
-        snapshot: Option<&ClusterSnapshot>,
-        dry_run: bool,
-    ) {
+    async fn publish(&self, plan: &Plan, groups: &[NodeGroup], counts: Option<&NodeCounts>, dry_run: bool) {
         self.dry_run.store(dry_run, Ordering::Release);
         self.memory().group_ids = groups.iter().map(|g| g.id.clone()).collect();
 
-        for u in &plan.unschedulable {
+        let due = self.not_triggered_due(plan, Instant::now());
+        for u in plan.unschedulable.iter().filter(|u| due.contains(u.pod.as_str())) {
             let note = format!("pod didn't trigger scale-up: {}", u.reason);
             self.pod_event(&u.pod, EventType::Normal, reason::NOT_TRIGGER_SCALE_UP, "ScaleUp", note).await;
         }
@@ -429,7 +480,7 @@ impl StatusPublisher {
         for g in groups {
             let name = in_mode(&group_configmap_name(&g.id, ids.iter().copied()), dry_run);
             let mem = memory.get(&g.id).cloned().unwrap_or_default();
-            let counts = snapshot.map(|s| node_counts(s, groups, g));
+            let counts = counts.map(|c| c.get(&g.id).copied().unwrap_or_default());
             let data = group_data(plan, g, &mem, counts, dry_run, now);
             docs.push(GroupDoc {
                 id: g.id.clone(),
@@ -606,16 +657,50 @@ impl StatusPublisher {
 /// One request to the status task of a [`StatusHandle`].
 enum Msg {
     BeginLoop,
-    Plan { plan: Box<Plan>, groups: Vec<NodeGroup>, snapshot: Option<Box<ClusterSnapshot>>, dry_run: bool },
-    ScaleUp { group: String, from: u32, to: u32, pods: Vec<String> },
-    ReplacementRequested { node: String, group: String, from: u32, to: u32 },
-    ScaleUpFailed { group: String, error: String },
-    Backoff { group: String, backoff: Option<(Timestamp, String)> },
-    DrainStarted { node: String, why: String },
-    PodEvicted { pod: String, node: String },
-    EvictionBlocked { pod: String, node: String, why: String },
-    ScaleDownFailed { node: String, group: String, error: String },
-    NodeDeleted { node: String, group: String },
+    /// The newest plan is waiting in the handle's slot.
+    Plan,
+    ScaleUp {
+        group: String,
+        from: u32,
+        to: u32,
+        pods: Vec<String>,
+    },
+    ReplacementRequested {
+        node: String,
+        group: String,
+        from: u32,
+        to: u32,
+    },
+    ScaleUpFailed {
+        group: String,
+        error: String,
+    },
+    Backoff {
+        group: String,
+        backoff: Option<(Timestamp, String)>,
+    },
+    DrainStarted {
+        node: String,
+        why: String,
+    },
+    PodEvicted {
+        pod: String,
+        node: String,
+    },
+    EvictionBlocked {
+        pod: String,
+        node: String,
+        why: String,
+    },
+    ScaleDownFailed {
+        node: String,
+        group: String,
+        error: String,
+    },
+    NodeDeleted {
+        node: String,
+        group: String,
+    },
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -630,6 +715,16 @@ pub const STATUS_QUEUE: usize = 1024;
 pub struct StatusHandle {
     tx: tokio::sync::mpsc::Sender<Msg>,
     metrics: Option<Arc<Metrics>>,
+    /// The newest plan not yet taken by the task; a newer one replaces it.
+    latest: Arc<Mutex<Option<QueuedPlan>>>,
+}
+
+/// A plan waiting to be published, with what its ConfigMaps show besides.
+struct QueuedPlan {
+    plan: Plan,
+    groups: Vec<NodeGroup>,
+    counts: Option<NodeCounts>,
+    dry_run: bool,
 }
 
 impl StatusPublisher {
@@ -637,13 +732,17 @@ impl StatusPublisher {
     /// handle is dropped.
     pub fn spawn(self) -> (StatusHandle, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = tokio::sync::mpsc::channel(STATUS_QUEUE);
-        let handle = StatusHandle { tx, metrics: self.metrics.clone() };
+        let latest: Arc<Mutex<Option<QueuedPlan>>> = Arc::default();
+        let handle = StatusHandle { tx, metrics: self.metrics.clone(), latest: latest.clone() };
         let task = tokio::spawn(async move {
             while let Some(msg) = rx.recv().await {
                 match msg {
                     Msg::BeginLoop => self.begin_loop(),
-                    Msg::Plan { plan, groups, snapshot, dry_run } => {
-                        self.publish(&plan, &groups, snapshot.as_deref(), dry_run).await
+                    Msg::Plan => {
+                        let newest = latest.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        if let Some(p) = newest {
+                            self.publish(&p.plan, &p.groups, p.counts.as_ref(), p.dry_run).await;
+                        }
                     }
                     Msg::ScaleUp { group, from, to, pods } => self.scale_up(&group, from, to, &pods).await,
                     Msg::ReplacementRequested { node, group, from, to } => {
@@ -669,17 +768,18 @@ impl StatusPublisher {
 }
 
 impl StatusHandle {
-    fn send(&self, msg: Msg) {
-        if let Err(e) = self.tx.try_send(msg) {
-            let why = match e {
-                tokio::sync::mpsc::error::TrySendError::Full(_) => "queue full",
-                tokio::sync::mpsc::error::TrySendError::Closed(_) => "status task ended",
-            };
-            tracing::warn!("status: dropped an update ({why})");
-            if let Some(m) = &self.metrics {
-                m.error("status_dropped");
-            }
+    /// Queues `msg`; false when it was dropped.
+    fn send(&self, msg: Msg) -> bool {
+        let Err(e) = self.tx.try_send(msg) else { return true };
+        let why = match e {
+            tokio::sync::mpsc::error::TrySendError::Full(_) => "queue full",
+            tokio::sync::mpsc::error::TrySendError::Closed(_) => "status task ended",
+        };
+        tracing::warn!("status: dropped an update ({why})");
+        if let Some(m) = &self.metrics {
+            m.error("status_dropped");
         }
+        false
     }
 
     /// See [`StatusPublisher::begin_loop`].
@@ -688,7 +788,8 @@ impl StatusHandle {
     }
 
     /// See [`StatusPublisher::publish_plan_with_nodes`]; without a snapshot, node counts are left
-    /// out.
+    /// out. Only the group counts are taken from the snapshot. A plan the task has not taken yet
+    /// is replaced by this one (it keeps the earlier one's place in the queue).
     pub fn publish_plan(
         &self,
         plan: &Plan,
@@ -696,12 +797,19 @@ impl StatusHandle {
         snapshot: Option<&ClusterSnapshot>,
         dry_run: bool,
     ) {
-        self.send(Msg::Plan {
-            plan: Box::new(plan.clone()),
+        let queued = QueuedPlan {
+            plan: plan.clone(),
             groups: groups.to_vec(),
-            snapshot: snapshot.map(|s| Box::new(s.clone())),
+            counts: snapshot.map(|s| node_counts(s, groups)),
             dry_run,
-        });
+        };
+        let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        let replaced = latest.replace(queued).is_some();
+        // The first plan in the slot queues the task's turn; without it the slot would never be
+        // read, so a dropped turn takes the plan back out.
+        if !replaced && !self.send(Msg::Plan) {
+            latest.take();
+        }
     }
 
     /// See [`StatusPublisher::scale_up`].
@@ -759,20 +867,6 @@ impl StatusHandle {
 }
 
 /// Node counts of group `g` by state.
-fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup], g: &NodeGroup) -> [usize; 4] {
-    let mut counts = [0; 4];
-    for n in &snapshot.nodes {
-        if group_of(n, groups).is_some_and(|i| groups[i].id == g.id) {
-            counts[match n.state {
-                NodeState::Ready => 0,
-                NodeState::Initializing => 1,
-                NodeState::Upcoming => 2,
-                NodeState::Deleting => 3,
-            }] += 1;
-        }
-    }
-    counts
-}
 
 /// The data of a group's status ConfigMap.
 fn group_data(
@@ -862,6 +956,49 @@ fn group_plan_summary(plan: &Plan, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Plans handed over faster than they are published replace each other: one turn queued,
+    /// the newest plan published, and never a pile of plans (each with its group counts) in the
+    /// queue.
+    #[test]
+    fn plans_not_yet_published_are_replaced_by_the_newest() {
+        use crate::planner::Unschedulable;
+        let (tx, mut rx) = tokio::sync::mpsc::channel(STATUS_QUEUE);
+        let handle = StatusHandle { tx, metrics: None, latest: Arc::default() };
+        let groups = [NodeGroup {
+            id: "sim/h100".into(),
+            account: "sim".into(),
+            instance_type: "p5.48xlarge".into(),
+            zones: vec![],
+            capacity_type: crate::model::CapacityType::OnDemand,
+            price: 1,
+            min_size: 0,
+            max_size: 4,
+            target_size: 0,
+            instances: vec![],
+            template: Default::default(),
+        }];
+        for i in 0..5 {
+            let plan = Plan {
+                unschedulable: vec![Unschedulable { pod: format!("ml/p{i}"), reason: "r".into() }],
+                ..Default::default()
+            };
+            handle.begin_loop();
+            handle.publish_plan(&plan, &groups, Some(&ClusterSnapshot::default()), false);
+        }
+        let mut turns = 0;
+        while let Ok(msg) = rx.try_recv() {
+            turns += usize::from(matches!(msg, Msg::Plan));
+        }
+        assert_eq!(turns, 1);
+        let queued = handle.latest.lock().unwrap().take().expect("the newest plan waits");
+        assert_eq!(queued.plan.unschedulable[0].pod, "ml/p4");
+        assert_eq!(queued.counts, Some(BTreeMap::from([("sim/h100".to_string(), [0; 4])])));
+
+        // Taken by the task: the next plan queues a turn again.
+        handle.publish_plan(&Plan::default(), &groups, None, false);
+        assert!(matches!(rx.try_recv(), Ok(Msg::Plan)));
+    }
 
     /// A 5,000-node plan does not fit a ConfigMap: its longest lists are cut until it does, the
     /// actions are kept whole, and what was left out is said.

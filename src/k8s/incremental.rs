@@ -61,15 +61,13 @@ fn convert_kind<K: Sync, T: Clone + Send>(
     convert: impl Fn(&K, &str, &mut Vec<String>) -> Result<T, SnapshotError> + Sync,
     counts: &mut ConversionCounts,
 ) -> Vec<(String, Converted<T>)> {
-    let fresh: Vec<Option<(T, Vec<String>)>> = objects
+    let hits: Vec<bool> = objects
         .iter()
         .map(|k| {
-            let (uid, version) = identity(meta(k))?;
-            let e = cache.get(uid).filter(|e| e.version == version)?;
-            Some((e.converted.clone(), e.warnings.clone()))
+            identity(meta(k))
+                .is_some_and(|(uid, version)| cache.get(uid).is_some_and(|e| e.version == version))
         })
         .collect();
-    let hits: Vec<bool> = fresh.iter().map(Option::is_some).collect();
     let made: Vec<Option<Converted<T>>> = objects
         .par_iter()
         .zip(&hits)
@@ -80,28 +78,41 @@ fn convert_kind<K: Sync, T: Clone + Send>(
             })
         })
         .collect();
+    // Entries still valid move from the old map to the new one; only the snapshot's copy is made.
     let mut kept = HashMap::with_capacity(objects.len());
     let mut out = Vec::with_capacity(objects.len());
-    for ((k, hit), made) in objects.iter().zip(fresh).zip(made) {
-        let result = match (hit, made) {
-            (Some(hit), _) => {
+    for ((k, hit), made) in objects.iter().zip(hits).zip(made) {
+        let result = match made {
+            None if hit => {
                 counts.reused += 1;
-                Ok(hit)
+                let (uid, _) = identity(meta(k)).expect("a hit has an identity");
+                // The same uid twice in one list (never so from an API server) was moved already.
+                match cache.remove_entry(uid) {
+                    Some((key, entry)) => {
+                        let result = Ok((entry.converted.clone(), entry.warnings.clone()));
+                        kept.insert(key, entry);
+                        result
+                    }
+                    None => {
+                        let entry: &Entry<T> = &kept[uid];
+                        Ok((entry.converted.clone(), entry.warnings.clone()))
+                    }
+                }
             }
-            (None, Some(made)) => {
+            None => unreachable!("every miss is converted"),
+            Some(made) => {
                 counts.converted += 1;
+                if let (Some((uid, version)), Ok((converted, warnings))) = (identity(meta(k)), &made) {
+                    let entry = Entry {
+                        version: version.to_string(),
+                        converted: converted.clone(),
+                        warnings: warnings.clone(),
+                    };
+                    kept.insert(uid.to_string(), entry);
+                }
                 made
             }
-            (None, None) => unreachable!("every miss is converted"),
         };
-        if let (Some((uid, version)), Ok((converted, warnings))) = (identity(meta(k)), &result) {
-            let entry = Entry {
-                version: version.to_string(),
-                converted: converted.clone(),
-                warnings: warnings.clone(),
-            };
-            kept.insert(uid.to_string(), entry);
-        }
         out.push((origin(k), result));
     }
     // Objects gone since last time are forgotten.
