@@ -5,6 +5,8 @@
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
+#[path = "support/dra.rs"]
+mod dra;
 #[path = "support/controller_fixtures.rs"]
 mod fixtures;
 #[path = "support/kube_cluster.rs"]
@@ -852,4 +854,77 @@ async fn a_leader_partitioned_mid_gang_scale_up_stops_and_the_new_leader_rolls_b
     b.shutdown().await.unwrap();
     driver.abort();
     c.assert_rbac_allowed("b");
+}
+
+/// Dynamic Resource Allocation end to end: a pod asking for eight GPUs through a ResourceClaim
+/// scales the one group whose nodes have eight (the L4 group's have four), once: the new node is
+/// in flight until its DRA driver publishes its ResourceSlice (here a test task, as NVIDIA's
+/// kubelet plugin does once the node is up), then kube-scheduler allocates the claim on it and
+/// binds the pod there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_claim_scales_its_group_once_and_kube_scheduler_binds_it_on_the_new_node() {
+    let providers = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: gpu-h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0, dra: {}}
+      - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0, dra: {}}
+"#;
+    let c = KubeCluster::start(providers, Options::default()).await;
+    for class in dra::device_classes() {
+        c.create(class).await;
+    }
+    // The DRA driver: a Ready node of the H100 group publishes its eight GPUs.
+    let published = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let dra_driver = {
+        let (c, published) = (c.clone(), published.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Ok(nodes) = c.cp.raw("GET", "/api/v1/nodes", None).await else { continue };
+                for n in nodes["items"].as_array().cloned().unwrap_or_default() {
+                    let name = n["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                    let ready = n["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+                    let h100 = n["metadata"]["labels"]["gpuscale.io/node-group"] == "gpu-h100";
+                    if !ready || !h100 || published.lock().unwrap().contains(&name) {
+                        continue;
+                    }
+                    let slice = dra::slice(&name, dra::gpus(8, dra::H100));
+                    let path = "/apis/resource.k8s.io/v1/resourceslices";
+                    if c.cp.raw("POST", path, Some(slice)).await.is_ok() {
+                        published.lock().unwrap().push(name);
+                    }
+                }
+            }
+        })
+    };
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    c.create(dra::claim("eight", "gpu.nvidia.com", 8)).await;
+    c.create(dra::pod("want8", "eight", false)).await;
+
+    c.wait_until(WAIT, "the pod running", || async { running_on(&c, "want8").await.is_some() }).await;
+    let live = c.live_instances("gpu-h100");
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert!(c.live_instances("gpu-l4").is_empty());
+    let node = node_name(&live[0]);
+    assert_eq!(running_on(&c, "want8").await.unwrap(), node);
+    assert_eq!(*published.lock().unwrap(), vec![node.clone()]);
+    // kube-scheduler allocated the claim's eight devices on that node.
+    let claim = c.get("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/eight").await.unwrap();
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), 8, "{claim:#}");
+    assert!(results.iter().all(|r| r["pool"] == node.as_str()), "{claim:#}");
+    // More passes run: the node that waited for its slice was never scaled for twice.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(set_target_calls(&c), vec![(0, 1)]);
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    dra_driver.abort();
+    c.assert_rbac_allowed("a");
 }

@@ -7,6 +7,8 @@
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
+#[path = "support/dra.rs"]
+mod dra;
 
 use controlplane::{object_path, ControlPlane, Options};
 use serde_json::{json, Value};
@@ -63,15 +65,24 @@ async fn create(cp: &ControlPlane, item: &Value) {
     cp.admin.request::<Value>(request).await.unwrap_or_else(|e| panic!("apply {path}: {e}"));
 }
 
-/// What `kubectl get nodes,pods,pdb -A -o json` prints: one List, each item with its apiVersion
-/// and kind, in the server's order per resource.
-async fn kubectl_export(cp: &ControlPlane) -> Value {
+const CORE_KINDS: &[(&str, &str, &str)] = &[
+    ("/api/v1/nodes", "v1", "Node"),
+    ("/api/v1/pods", "v1", "Pod"),
+    ("/apis/policy/v1/poddisruptionbudgets", "policy/v1", "PodDisruptionBudget"),
+];
+
+const DRA_KINDS: &[(&str, &str, &str)] = &[
+    ("/apis/resource.k8s.io/v1/resourceclaims", "resource.k8s.io/v1", "ResourceClaim"),
+    ("/apis/resource.k8s.io/v1/resourceclaimtemplates", "resource.k8s.io/v1", "ResourceClaimTemplate"),
+    ("/apis/resource.k8s.io/v1/resourceslices", "resource.k8s.io/v1", "ResourceSlice"),
+    ("/apis/resource.k8s.io/v1/deviceclasses", "resource.k8s.io/v1", "DeviceClass"),
+];
+
+/// What `kubectl get <kinds> -A -o json` prints: one List, each item with its apiVersion and
+/// kind, in the server's order per resource.
+async fn kubectl_export(cp: &ControlPlane, kinds: &[&[(&str, &str, &str)]]) -> Value {
     let mut items = Vec::new();
-    for (path, api_version, kind) in [
-        ("/api/v1/nodes", "v1", "Node"),
-        ("/api/v1/pods", "v1", "Pod"),
-        ("/apis/policy/v1/poddisruptionbudgets", "policy/v1", "PodDisruptionBudget"),
-    ] {
+    for &(path, api_version, kind) in kinds.iter().copied().flatten() {
         let list = cp.raw("GET", path, None).await.unwrap_or_else(|e| panic!("GET {path}: {e}"));
         for mut item in list["items"].as_array().cloned().unwrap_or_default() {
             item["apiVersion"] = json!(api_version);
@@ -149,7 +160,8 @@ async fn plan_of_the_live_cluster_equals_plan_of_its_kubectl_export() {
         ok(gpuscale(&["plan", "--kubeconfig", kc, "--providers", p, "-o", "json"], None), "live");
     assert!(stderr.contains(&format!("the live cluster at {}", cp.url)), "{stderr}");
     let export = dir.path().join("export.json");
-    std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(&cp).await).unwrap()).unwrap();
+    std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(&cp, &[CORE_KINDS]).await).unwrap())
+        .unwrap();
     let (exported, stderr) = ok(
         gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
         "export",
@@ -218,4 +230,86 @@ fn planned_pods(plan: &Value) -> BTreeSet<String> {
     }
     pods.extend(list("unschedulable").iter().map(|u| u["pod"].as_str().unwrap().to_string()));
     pods
+}
+
+/// Pods asking for GPUs through DRA claims, on nodes offering them through ResourceSlices (as
+/// NVIDIA's DRA driver publishes them): read live, the claims, templates, slices and classes
+/// give the plan the export of `kubectl get nodes,pods,pdb,resourceclaims,resourceclaimtemplates,
+/// resourceslices,deviceclasses -A -o json` gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_claims_are_planned_live_as_from_the_kubectl_export() {
+    use dra::*;
+    let mut objects = device_classes();
+    objects.extend([
+        node("h100-a", H100, "h100", 8, 0),
+        node("l4-a", L4, "l4", 4, 0),
+        slice("h100-a", gpus(8, H100)),
+        slice("l4-a", gpus(4, L4)),
+        template("four-any", "gpu.nvidia.com", 4, &[]),
+        template(
+            "eight-h100",
+            "gpu.nvidia.com",
+            8,
+            &["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"],
+        ),
+        // Five of h100-a's GPUs are a running pod's.
+        allocated(
+            claim("busy", "gpu.nvidia.com", 5),
+            "h100-a",
+            &["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"],
+            "run",
+        ),
+        bound(pod("run", "busy", false), "h100-a"),
+        pod("want4", "four-any", true),
+        pod("want8", "eight-h100", true),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    nodeGroups:
+      - {name: h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 16, targetSize: 0, dra: {}}
+      - {name: l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 16, targetSize: 0, dra: {}}
+"#,
+    )
+    .unwrap();
+    let cp = ControlPlane::start(Options { scheduler: false, ..Default::default() }).await;
+    cp.ensure_namespace("ml").await;
+    for o in &objects {
+        create(&cp, o).await;
+    }
+    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
+    let p = providers.to_str().unwrap();
+    let (live, _) =
+        ok(gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "-o", "json"], None), "live");
+    let export = dir.path().join("export.json");
+    let list = kubectl_export(&cp, &[CORE_KINDS, DRA_KINDS]).await;
+    std::fs::write(&export, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
+    let (exported, _) = ok(
+        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
+        "export",
+    );
+    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+    // What the plan says (so an agreement on nothing cannot pass): four GPUs only the L4 node
+    // has free; eight H100s no existing node has, so one more H100 node.
+    let placed: Vec<(&str, &str)> = live["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["pod"].as_str().unwrap(), p["node"].as_str().unwrap()))
+        .collect();
+    assert!(placed.contains(&("ml/want4", "l4-a")), "{live:#}");
+    let ups: Vec<(&str, u64)> = live["scaleUps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["group"].as_str().unwrap(), s["to"].as_u64().unwrap() - s["from"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ups, vec![("sim/h100", 1)], "{live:#}");
+    assert!(live["scaleUps"][0]["pods"].as_array().unwrap().contains(&json!("ml/want8")), "{live:#}");
 }

@@ -8,6 +8,7 @@ use super::snapshot::{self, ClusterView};
 use crate::k8s::SnapshotError;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams};
@@ -54,7 +55,7 @@ where
 
 /// Reads the cluster through `client` and converts it as the controller does at `now`. PodGroups
 /// are read when their CRD is served (absent, gang sizes come from pod annotations, as in the
-/// controller).
+/// controller), DRA objects when `resource.k8s.io/v1` is.
 pub async fn read(
     client: &Client,
     config: &ControllerConfig,
@@ -79,7 +80,28 @@ pub async fn read(
         }
         Err(e) => return Err(e),
     };
-    let storage = snapshot::storage_objects(&claims, &volumes, &classes);
+    let mut storage = snapshot::storage_objects(&claims, &volumes, &classes);
+    // Dynamic Resource Allocation, where served (Kubernetes 1.34 and later).
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    match list_all(&slices, "resourceslices.resource.k8s.io").await {
+        Ok(slices) => {
+            let device_classes =
+                list_all(&Api::<DeviceClass>::all(client.clone()), "deviceclasses.resource.k8s.io").await?;
+            let claims =
+                list_all(&Api::<ResourceClaim>::all(client.clone()), "resourceclaims.resource.k8s.io")
+                    .await?;
+            let templates = list_all(
+                &Api::<ResourceClaimTemplate>::all(client.clone()),
+                "resourceclaimtemplates.resource.k8s.io",
+            )
+            .await?;
+            storage.extend(snapshot::dra_objects(&device_classes, &slices, &claims, &templates));
+        }
+        Err(LiveError::List { source: kube::Error::Api(e), .. }) if e.code == 404 => {
+            tracing::info!("resource.k8s.io/v1 not served; pods' resource claims are not planned");
+        }
+        Err(e) => return Err(e),
+    }
     let mut cache = crate::k8s::ConversionCache::default();
     Ok(snapshot::build(&nodes, &pods, &pdbs, &pod_groups, storage, config, now, &mut cache)?)
 }

@@ -24,7 +24,8 @@ const fn rule(
     Rule { api_groups, resources, verbs }
 }
 
-/// What the controller needs cluster-wide (ClusterRole): watch nodes, pods, PDBs and pod groups;
+/// What the controller needs cluster-wide (ClusterRole): watch nodes, pods, PDBs, pod groups and
+/// DRA objects;
 /// cordon (patch) and delete nodes; evict pods; record events in both event APIs.
 pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
     rule(&[""], &["nodes"], &["get", "list", "watch", "update", "delete"]),
@@ -34,6 +35,11 @@ pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
     rule(&[""], &["persistentvolumeclaims", "persistentvolumes"], &["list", "watch"]),
     rule(&["storage.k8s.io"], &["storageclasses"], &["list", "watch"]),
     rule(&["scheduling.x-k8s.io"], &["podgroups"], &["list", "watch"]),
+    rule(
+        &["resource.k8s.io"],
+        &["deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates"],
+        &["list", "watch"],
+    ),
     rule(&[""], &["events"], &["create", "patch"]),
     rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
 ];

@@ -27,6 +27,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -175,6 +176,16 @@ struct Stores {
     volumes: Store<PersistentVolume>,
     classes: Store<StorageClass>,
     pod_groups: Option<Store<DynamicObject>>,
+    /// Dynamic Resource Allocation objects, where `resource.k8s.io/v1` is served.
+    dra: Option<DraStores>,
+}
+
+/// What DRA pods ask (claims, templates) and nodes offer (slices), and the classes both name.
+struct DraStores {
+    classes: Store<DeviceClass>,
+    slices: Store<ResourceSlice>,
+    claims: Store<ResourceClaim>,
+    templates: Store<ResourceClaimTemplate>,
 }
 
 /// Memory of the loop; all of it can be lost on restart (it only delays decisions).
@@ -282,6 +293,7 @@ impl Controller {
             volumes: volume_w.as_reader(),
             classes: class_w.as_reader(),
             pod_groups: None,
+            dra: None,
         };
         // What the loop cannot work without: refused is an RBAC fault, not served an old server;
         // both stop the controller with the reason instead of a silent retry loop.
@@ -350,6 +362,77 @@ impl Controller {
                 "PodGroups (scheduling.x-k8s.io/v1alpha1) not served; gang sizes come from pod annotations"
             );
         }
+        // Clusters before 1.34 do not serve resource.k8s.io/v1: their pods have no claims to plan.
+        // A refusal is an error, so DRA pods are never silently planned without their claims.
+        if may_read(&Api::<ResourceSlice>::all(self.client.clone()), "list resourceslices.resource.k8s.io")
+            .await?
+        {
+            for (what, served) in [
+                (
+                    "list deviceclasses.resource.k8s.io",
+                    may_read(
+                        &Api::<DeviceClass>::all(self.client.clone()),
+                        "list deviceclasses.resource.k8s.io",
+                    )
+                    .await?,
+                ),
+                (
+                    "list resourceclaims.resource.k8s.io",
+                    may_read(
+                        &Api::<ResourceClaim>::all(self.client.clone()),
+                        "list resourceclaims.resource.k8s.io",
+                    )
+                    .await?,
+                ),
+                (
+                    "list resourceclaimtemplates.resource.k8s.io",
+                    may_read(
+                        &Api::<ResourceClaimTemplate>::all(self.client.clone()),
+                        "list resourceclaimtemplates.resource.k8s.io",
+                    )
+                    .await?,
+                ),
+            ] {
+                if !served {
+                    return Err(ControllerError::NotServed { what: what.trim_start_matches("list ") });
+                }
+            }
+            let (class_w, slice_w) = (Writer::<DeviceClass>::default(), Writer::<ResourceSlice>::default());
+            let (rc_w, rct_w) =
+                (Writer::<ResourceClaim>::default(), Writer::<ResourceClaimTemplate>::default());
+            stores.dra = Some(DraStores {
+                classes: class_w.as_reader(),
+                slices: slice_w.as_reader(),
+                claims: rc_w.as_reader(),
+                templates: rct_w.as_reader(),
+            });
+            tasks.0.push(spawn_reflector(
+                Api::all(self.client.clone()),
+                class_w,
+                notify.clone(),
+                "DeviceClass",
+            ));
+            tasks.0.push(spawn_reflector(
+                Api::all(self.client.clone()),
+                slice_w,
+                notify.clone(),
+                "ResourceSlice",
+            ));
+            tasks.0.push(spawn_reflector(
+                Api::all(self.client.clone()),
+                rc_w,
+                notify.clone(),
+                "ResourceClaim",
+            ));
+            tasks.0.push(spawn_reflector(
+                Api::all(self.client.clone()),
+                rct_w,
+                notify.clone(),
+                "ResourceClaimTemplate",
+            ));
+        } else {
+            tracing::info!("resource.k8s.io/v1 not served; pods' resource claims are not planned");
+        }
         let ready = async {
             stores.nodes.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Node" })?;
             stores.pods.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Pod" })?;
@@ -367,6 +450,16 @@ impl Controller {
             }
             if let Some(s) = &stores.pod_groups {
                 s.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "PodGroup" })?;
+            }
+            if let Some(d) = &stores.dra {
+                for (store_ready, kind) in [
+                    (d.classes.wait_until_ready().await, "DeviceClass"),
+                    (d.slices.wait_until_ready().await, "ResourceSlice"),
+                    (d.claims.wait_until_ready().await, "ResourceClaim"),
+                    (d.templates.wait_until_ready().await, "ResourceClaimTemplate"),
+                ] {
+                    store_ready.map_err(|_| ControllerError::NotSynced { kind })?;
+                }
             }
             Ok::<(), ControllerError>(())
         };
@@ -519,16 +612,25 @@ impl Controller {
             .map(|s| s.state().iter().filter_map(|o| serde_json::to_value(o.as_ref()).ok()).collect())
             .unwrap_or_default();
         let converting = Instant::now();
+        let mut others = snapshot::storage_objects(
+            &stores.claims.state(),
+            &stores.volumes.state(),
+            &stores.classes.state(),
+        );
+        if let Some(d) = &stores.dra {
+            others.extend(snapshot::dra_objects(
+                &d.classes.state(),
+                &d.slices.state(),
+                &d.claims.state(),
+                &d.templates.state(),
+            ));
+        }
         let mut view = snapshot::build(
             &stores.nodes.state(),
             &stores.pods.state(),
             &stores.pdbs.state(),
             &pod_groups,
-            snapshot::storage_objects(
-                &stores.claims.state(),
-                &stores.volumes.state(),
-                &stores.classes.state(),
-            ),
+            others,
             &cfg,
             now,
             &mut state.conversions,
@@ -568,14 +670,17 @@ impl Controller {
             }
         }
 
-        let input = PlanInput {
-            snapshot: view.snapshot.clone(),
+        // The snapshot is lent to the planner and taken back: a copy of 50k pods per pass costs
+        // more than the conversion of what changed.
+        let mut input = PlanInput {
+            snapshot: std::mem::take(&mut view.snapshot),
             groups: groups.clone(),
             unavailable: self.providers.unavailable(&groups),
         };
         let settings = PlannerSettings { now: Some(now.as_second()), ..self.options.planner.clone() };
         let planning = Instant::now();
         let plan = planner::plan(&input, &settings);
+        view.snapshot = std::mem::take(&mut input.snapshot);
         tracing::debug!(seconds = planning.elapsed().as_secs_f64(), "planned");
         self.observer.plan_computed(&plan, &view.snapshot, dry, started.elapsed());
         if dry || !self.leading() {

@@ -12,6 +12,7 @@ use crate::k8s::{ConversionCache, SnapshotError, SourcedObject};
 use crate::model::{ClusterSnapshot, GpuDemand};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -72,6 +73,22 @@ fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
     }
 }
 
+/// Stored objects of one kind as the conversion reads them, in identity order.
+fn sourced<K: kube::Resource<DynamicType = ()> + serde::Serialize>(
+    objects: &[impl AsRef<K>],
+    out: &mut Vec<SourcedObject>,
+) {
+    let mut sorted: Vec<&K> = objects.iter().map(AsRef::as_ref).collect();
+    sorted.sort_by(|a, b| (&a.meta().namespace, &a.meta().name).cmp(&(&b.meta().namespace, &b.meta().name)));
+    let (kind, api_version) = (K::kind(&()), K::api_version(&()));
+    for o in sorted {
+        out.push(SourcedObject::new(
+            format!("{kind} {}", name_of(o.meta())),
+            to_value(&kind, &api_version, o),
+        ));
+    }
+}
+
 /// The stored PersistentVolumeClaims, PersistentVolumes and StorageClasses as the conversion
 /// reads them (what pods' volumes ask of nodes), in identity order.
 pub fn storage_objects(
@@ -79,36 +96,31 @@ pub fn storage_objects(
     volumes: &[impl AsRef<PersistentVolume>],
     classes: &[impl AsRef<StorageClass>],
 ) -> Vec<SourcedObject> {
-    fn sorted<'a, K: 'a>(
-        objects: impl Iterator<Item = &'a K>,
-        meta: impl Fn(&K) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    ) -> Vec<&'a K> {
-        let mut v: Vec<&K> = objects.collect();
-        v.sort_by(|a, b| (&meta(a).namespace, &meta(a).name).cmp(&(&meta(b).namespace, &meta(b).name)));
-        v
-    }
     let mut out = Vec::new();
-    for c in sorted(claims.iter().map(AsRef::as_ref), |c| &c.metadata) {
-        let origin = format!("PersistentVolumeClaim {}", name_of(&c.metadata));
-        out.push(SourcedObject::new(origin, to_value("PersistentVolumeClaim", "v1", c)));
-    }
-    for v in sorted(volumes.iter().map(AsRef::as_ref), |v| &v.metadata) {
-        out.push(SourcedObject::new(
-            format!("PersistentVolume {}", name_of(&v.metadata)),
-            to_value("PersistentVolume", "v1", v),
-        ));
-    }
-    for c in sorted(classes.iter().map(AsRef::as_ref), |c| &c.metadata) {
-        out.push(SourcedObject::new(
-            format!("StorageClass {}", name_of(&c.metadata)),
-            to_value("StorageClass", "storage.k8s.io/v1", c),
-        ));
-    }
+    sourced::<PersistentVolumeClaim>(claims, &mut out);
+    sourced::<PersistentVolume>(volumes, &mut out);
+    sourced::<StorageClass>(classes, &mut out);
+    out
+}
+
+/// The stored Dynamic Resource Allocation objects as the conversion reads them (what nodes
+/// offer through ResourceSlices, what pods' claims ask), in identity order.
+pub fn dra_objects(
+    classes: &[impl AsRef<DeviceClass>],
+    slices: &[impl AsRef<ResourceSlice>],
+    claims: &[impl AsRef<ResourceClaim>],
+    templates: &[impl AsRef<ResourceClaimTemplate>],
+) -> Vec<SourcedObject> {
+    let mut out = Vec::new();
+    sourced::<DeviceClass>(classes, &mut out);
+    sourced::<ResourceSlice>(slices, &mut out);
+    sourced::<ResourceClaim>(claims, &mut out);
+    sourced::<ResourceClaimTemplate>(templates, &mut out);
     out
 }
 
 /// Builds the view from the stored objects; `pod_groups` are PodGroup objects as JSON, `storage`
-/// what [`storage_objects`] makes. `cache` keeps each Node's and Pod's conversion between calls,
+/// what [`storage_objects`] and [`dra_objects`] make. `cache` keeps each Node's and Pod's conversion between calls,
 /// so a loop converts only what changed.
 #[allow(clippy::too_many_arguments)]
 pub fn build(
@@ -171,7 +183,7 @@ pub fn build(
         let id = name_of(&p.metadata);
         let Some(&wi) = workloads.get(id.as_str()) else { continue };
         let w = &view.snapshot.workloads[wi];
-        let annotations = p.metadata.annotations.clone().unwrap_or_default();
+        let annotations = p.metadata.annotations.as_ref().unwrap_or(&no_annotations);
         let facts = PodFacts {
             namespace: p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
             name: p.metadata.name.clone().unwrap_or_default(),
