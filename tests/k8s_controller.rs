@@ -772,74 +772,92 @@ fn cloud_writes(c: &KubeCluster) -> usize {
         .count()
 }
 
-/// Leadership fencing: the leader is partitioned from the API server mid gang scale-up (its
-/// renewals hang). It stops acting at its renew deadline, before the other replica may take the
-/// Lease over; the new leader finds the gang's record and rolls it back, once. The cloud is
-/// shared, so a fenced-off leader that kept acting would show as a second rollback.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_partitioned_mid_gang_scale_up_stops_and_the_new_leader_rolls_back_once() {
+const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpuscale-controller";
+const GANGS_PATH: &str = "/api/v1/namespaces/kube-system/configmaps/gpuscale-controller-gangs";
+/// The gang deadline of the fencing tests: long enough for the takeover to come first.
+const FENCE_GANG_TIMEOUT_SECONDS: f64 = 8.0;
+
+/// The cluster of the fencing tests: one group of 4-GPU nodes whose zone has room for one.
+async fn fencing_cluster() -> Arc<KubeCluster> {
     let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
-    // The zone has room for one node; the gang needs two: it can only be rolled back.
     c.cloud.set_zone_capacity("us-east-1a", Some(1));
+    c
+}
+
+/// The fencing scenario on a [`fencing_cluster`] up to the moment of the fault: replica `a` (its
+/// API connection through `a_via` if given) holds the Lease, `b` follows, and `a` has raised the
+/// group for a 4-member gang that can never get its second node and recorded the gang scale-up.
+/// Returns the cluster's driver and the replicas `a` and `b`.
+async fn a_leads_a_gang_scale_up_that_can_only_roll_back(
+    c: &Arc<KubeCluster>,
+    a_via: Option<&str>,
+) -> (tokio::task::JoinHandle<()>, kube_cluster::Replica, kube_cluster::Replica) {
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    let config = kube_cluster::ControllerConfig { gang_timeout_seconds: 8.0, ..fast_config() };
-    let upstream = c.cp.url.trim_start_matches("https://").to_string();
-    let (via, cut) = cuttable_proxy(upstream).await;
-    let a = c.controller_via(&via, "a", config.clone(), no_scale_down()).await;
-    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpuscale-controller";
+    let config =
+        kube_cluster::ControllerConfig { gang_timeout_seconds: FENCE_GANG_TIMEOUT_SECONDS, ..fast_config() };
+    let a = match a_via {
+        Some(via) => c.controller_via(via, "a", config.clone(), no_scale_down()).await,
+        None => c.controller("a", config.clone(), no_scale_down(), false).await,
+    };
     c.wait_until(WAIT, "a holds the lease", || async {
-        c.get(lease_path).await.is_some_and(|l| l["spec"]["holderIdentity"] == "a")
+        c.get(LEASE_PATH).await.is_some_and(|l| l["spec"]["holderIdentity"] == "a")
     })
     .await;
     let b = c.controller("b", config, no_scale_down(), false).await;
     for i in 0..4 {
         c.create(gang_pod(i)).await;
     }
-    let gangs_path = "/api/v1/namespaces/kube-system/configmaps/gpuscale-controller-gangs";
     c.wait_until(WAIT, "a raised the group for the gang and recorded it", || async {
-        !set_target_calls(&c).is_empty()
-            && c.get(gangs_path).await.is_some_and(|cm| cm["data"]["sim_gpu-l4"].is_string())
+        !set_target_calls(c).is_empty()
+            && c.get(GANGS_PATH).await.is_some_and(|cm| cm["data"]["sim_gpu-l4"].is_string())
     })
     .await;
-    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    assert_eq!(set_target_calls(c), vec![(0, 2)]);
     let record: serde_json::Value =
-        serde_json::from_str(c.get(gangs_path).await.unwrap()["data"]["sim_gpu-l4"].as_str().unwrap())
+        serde_json::from_str(c.get(GANGS_PATH).await.unwrap()["data"]["sim_gpu-l4"].as_str().unwrap())
             .unwrap();
     assert_eq!(record["groups"][0]["oldTarget"], 0);
     assert_eq!(record["groups"][0]["to"], 2);
+    (driver, a, b)
+}
 
-    // Partition a. It may act for at most its renew deadline (1.4 s) after its last renewal
-    // began; b may take over only after seeing the Lease unrenewed for 2 s.
-    cut.send_replace(true);
-    let writes_at_cut = cloud_writes(&c);
+/// After the fault: nobody writes to the cloud until `b` holds the Lease; then `b` (and only `b`)
+/// rolls the gang back, once: one raise, one restore, one delete, the record removed, and `a`
+/// reported no rollback even past its own gang deadline.
+async fn b_takes_over_and_alone_rolls_the_gang_back_once(
+    c: &KubeCluster,
+    a: &kube_cluster::Replica,
+    b: &kube_cluster::Replica,
+    writes_at_fault: usize,
+) {
     c.wait_until(WAIT, "b takes the lease over", || async {
-        c.get(lease_path).await.is_some_and(|l| l["spec"]["holderIdentity"] == "b")
+        c.get(LEASE_PATH).await.is_some_and(|l| l["spec"]["holderIdentity"] == "b")
     })
     .await;
     assert_eq!(
-        cloud_writes(&c),
-        writes_at_cut,
-        "nobody wrote to the cloud between the partition and the takeover"
+        cloud_writes(c),
+        writes_at_fault,
+        "nobody wrote to the cloud between the fault and the takeover: {:?}",
+        c.cloud.operations()
     );
-
     c.wait_until(WAIT, "the gang rolled back", || async {
-        set_target_calls(&c).last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
+        set_target_calls(c).last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
     })
     .await;
     c.wait_until(WAIT, "the gang record removed", || async {
-        c.get(gangs_path).await.is_some_and(|cm| cm["data"].get("sim_gpu-l4").is_none())
+        c.get(GANGS_PATH).await.is_some_and(|cm| cm["data"].get("sim_gpu-l4").is_none())
     })
     .await;
-    // Past a's own gang deadline: a fenced-off leader would have rolled back by now as well.
+    // Past a's own gang deadline: a leader that kept acting would have rolled back by now as well.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let targets = set_target_calls(&c);
+    let targets = set_target_calls(c);
     assert_eq!(targets.len(), 2, "one raise by a, one restore by b: {targets:?}");
     assert_eq!(targets[1].1, 0);
     assert_eq!(
-        deleted_instances(&c).len(),
+        deleted_instances(c).len(),
         1,
         "the launched instance deleted once: {:?}",
-        deleted_instances(&c)
+        deleted_instances(c)
     );
     let rolled_back = |r: &fixtures::Recorder| {
         r.with_prefix("scale_up_failed: sim/gpu-l4")
@@ -849,6 +867,26 @@ async fn a_leader_partitioned_mid_gang_scale_up_stops_and_the_new_leader_rolls_b
     };
     assert_eq!(rolled_back(&b.recorder), 1, "b rolled the gang back: {:?}", b.recorder.lines.lock().unwrap());
     assert_eq!(rolled_back(&a.recorder), 0, "a stopped: {:?}", a.recorder.lines.lock().unwrap());
+}
+
+/// Leadership after a full partition: leader `a` is cut off from the API server mid gang scale-up
+/// (a TCP proxy that stops forwarding, so all its requests hang). The new leader finds the
+/// gang's record and rolls it back, once, and nobody writes to the shared cloud in between.
+///
+/// This shows the takeover and the resumed rollback, not the fence: the partition itself keeps
+/// `a` from every API write, including the record update its rollback must make first, so `a`
+/// could not act here even unfenced. The fence is shown by
+/// `a_leader_whose_lease_renewals_are_refused_mid_gang_scale_up_stops_and_the_new_leader_rolls_back_once`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_partitioned_mid_gang_scale_up_stops_and_the_new_leader_rolls_back_once() {
+    let c = fencing_cluster().await;
+    let (via, cut) = cuttable_proxy(c.cp.url.trim_start_matches("https://").to_string()).await;
+    let (driver, a, b) = a_leads_a_gang_scale_up_that_can_only_roll_back(&c, Some(&via)).await;
+    // Partition a. It may act for at most its renew deadline (1.4 s) after its last renewal
+    // began; b may take over only after seeing the Lease unrenewed for 2 s.
+    cut.send_replace(true);
+    let writes_at_cut = cloud_writes(&c);
+    b_takes_over_and_alone_rolls_the_gang_back_once(&c, &a, &b, writes_at_cut).await;
     // a cannot release the Lease through the partition: a crash, as far as the cluster knows.
     a.task.abort();
     b.shutdown().await.unwrap();
@@ -927,4 +965,124 @@ accounts:
     driver.abort();
     dra_driver.abort();
     c.assert_rbac_allowed("a");
+}
+
+/// Makes the API server refuse every update of the controller's Lease by replica `identity`, and
+/// nothing else: a ValidatingAdmissionPolicy (CEL, `admissionregistration.k8s.io/v1`) on UPDATE
+/// of `kube-system/gpuscale-controller` that denies requests of the replica's ServiceAccount,
+/// at once, with HTTP 422. The replica's other requests, its reads of that Lease included, go
+/// through as before. Returns once a renewal of the replica has been refused (the API server
+/// loads new policies asynchronously).
+async fn refuse_lease_renewals_of(c: &KubeCluster, identity: &str) {
+    let name = format!("test-refuse-lease-renewals-of-{identity}");
+    let user = KubeCluster::user(identity);
+    let policy_created = k8s_openapi::jiff::Timestamp::now();
+    c.create(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["coordination.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["UPDATE"],
+                "resources": ["leases"],
+                "resourceNames": ["gpuscale-controller"],
+            }]},
+            "validations": [{
+                "expression": format!("request.userInfo.username != '{user}'"),
+                "message": format!("test: Lease renewals of {identity} are refused (a partition of its renewals only)"),
+            }],
+        },
+    }))
+    .await;
+    c.create(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kube_cluster::LEASE_NAMESPACE}}},
+        },
+    }))
+    .await;
+    c.wait_until(WAIT, &format!("a Lease renewal of {identity} refused by the policy"), || async {
+        c.requests_of(identity).iter().any(|e| {
+            e.resource == "leases"
+                && e.verb == "update"
+                && e.code == 422
+                && e.received.is_some_and(|t| t >= policy_created)
+        })
+    })
+    .await;
+}
+
+/// The writes replica `identity` made that act (everything but its Lease calls, Events and its
+/// status ConfigMaps, which report), received after `after`, from the audit log.
+fn acting_writes_of(c: &KubeCluster, identity: &str, after: k8s_openapi::jiff::Timestamp) -> Vec<String> {
+    c.requests_of(identity)
+        .into_iter()
+        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+        .filter(|e| e.received.is_some_and(|t| t > after))
+        .filter(|e| e.resource != "leases" && e.resource != "events")
+        .filter(|e| !(e.resource == "configmaps" && e.name.starts_with("gpuscale-status")))
+        .filter(|e| !(e.resource == "serviceaccounts" && e.subresource == "token"))
+        .map(|e| format!("{} {} -> {} at {:?}", e.verb, e.uri, e.code, e.received))
+        .collect()
+}
+
+/// Leadership fencing, shown: leader `a` loses its Lease mid gang scale-up while everything else
+/// keeps working for it. The API server refuses its Lease renewals and nothing else
+/// ([`refuse_lease_renewals_of`]); its other API reads and writes go through and the cloud is
+/// shared, so nothing but the fence can stop it. It must stop at its renew deadline (1.4 s after
+/// its last renewal began), before `b` may take the Lease over (2 s unrenewed); `b` resumes the
+/// recorded gang and rolls it back, once.
+///
+/// Unfenced, `a`'s gang task would carry on to its own gang deadline and roll the gang back as
+/// well (a second restore, a second rollback reported, writes of `a` to the gang record after its
+/// deadline): with the leadership checks of the gang task disabled this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_renewals_are_refused_mid_gang_scale_up_stops_and_the_new_leader_rolls_back_once(
+) {
+    let c = fencing_cluster().await;
+    let (driver, a, b) = a_leads_a_gang_scale_up_that_can_only_roll_back(&c, None).await;
+    let writes_at_fault = cloud_writes(&c);
+    let fault = k8s_openapi::jiff::Timestamp::now();
+    refuse_lease_renewals_of(&c, "a").await;
+    b_takes_over_and_alone_rolls_the_gang_back_once(&c, &a, &b, writes_at_fault).await;
+
+    let requests = c.requests_of("a");
+    let renewed = |e: &&controlplane::AuditEvent| e.resource == "leases" && e.verb == "update";
+    let last_renewal = requests
+        .iter()
+        .filter(renewed)
+        .filter(|e| e.code == 200)
+        .filter_map(|e| e.received)
+        .max()
+        .expect("a renewed the Lease");
+    let refused = requests.iter().filter(renewed).filter(|e| e.code == 422).count();
+    assert!(refused > 0, "a's renewals were refused");
+    // Only the renewals: a kept reading the Lease (and saw b take it) after the fault.
+    let reads_after = requests
+        .iter()
+        .filter(|e| e.resource == "leases" && e.verb == "get" && e.code == 200)
+        .filter(|e| e.received.is_some_and(|t| t > fault))
+        .count();
+    assert!(reads_after > 0, "a's Lease reads went through after the fault");
+    // Its claim ended at its renew deadline after the last renewal began (which is before the
+    // server received it); 0.3 s for a write checked just before then to arrive. b may take over
+    // only 2 s after that renewal.
+    let renew_deadline = Duration::from_secs_f64(fast_config().lease.renew_deadline_seconds);
+    let deadline = last_renewal + renew_deadline + Duration::from_millis(300);
+    let late = acting_writes_of(&c, "a", deadline);
+    assert!(late.is_empty(), "a wrote after its renew deadline ({deadline}): {late:#?}");
+
+    // A crash: its release would be a Lease update, refused too.
+    a.task.abort();
+    b.shutdown().await.unwrap();
+    driver.abort();
+    c.assert_rbac_allowed("a");
+    c.assert_rbac_allowed("b");
 }

@@ -13,7 +13,10 @@
 //! until its deadline lapses, and a round that finds another holder or loses a write race ends it
 //! at once. The claim is published as a [`Fence`]: every background task checks
 //! [`Fence::holds`] immediately before each cloud or API write and stops when it turns false,
-//! whether or not the election loop has run since (a hung renewal cannot extend it).
+//! whether or not the election loop has run since (a hung renewal cannot extend it). Cloud writes
+//! are checked once more inside the provider wrapper, before each attempt (a write that waited
+//! for a rate-limit token or a retry backoff is not issued late; see
+//! `providers::politeness::WriteGate`).
 //!
 //! [`decide`] is the pure decision; [`LeaderElector`] is the adapter that reads and writes the
 //! Lease.

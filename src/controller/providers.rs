@@ -6,7 +6,7 @@
 
 use crate::model::{ErrorClass, NodeGroup};
 use crate::providers::config::{ProviderConfig, ProviderKind};
-use crate::providers::politeness::{GroupBackoff, Polite, PolitenessConfig};
+use crate::providers::politeness::{GroupBackoff, Polite, PolitenessConfig, WriteGate};
 use crate::providers::simulated::{SimulatedCloud, SimulationSettings};
 use crate::providers::{CloudProvider, ProviderError};
 use std::collections::BTreeMap;
@@ -83,6 +83,10 @@ impl AnyProvider {
     /// Clears a group's backoff (its new nodes came up).
     pub fn record_scale_up_success(&self, group: &str) {
         each!(self, p => p.record_scale_up_success(group))
+    }
+    /// Checks `gate` before every attempt of every write (see [`WriteGate`]).
+    pub fn set_write_gate(&self, gate: WriteGate) {
+        each!(self, p => p.set_write_gate(gate))
     }
 }
 
@@ -170,6 +174,14 @@ impl ProviderSet {
             .map(|c| AnyProvider::Simulated(Polite::new(SharedSim(c.clone()), PolitenessConfig::default())))
             .collect();
         Self { providers, simulated: clouds, owner: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Every account checks `gate` immediately before each attempt of each cloud write, after
+    /// any rate-limit wait or retry backoff: the controller passes its leader fence.
+    pub fn set_write_gate(&self, gate: WriteGate) {
+        for p in &self.providers {
+            p.set_write_gate(gate.clone());
+        }
     }
 
     /// The simulated clouds in the set.

@@ -269,6 +269,12 @@ impl Controller {
     ) -> Self {
         let (claim, fence) = Fence::channel();
         let actuator = KubeActuator::new(client.clone(), fence.clone());
+        // Cloud writes wait for rate-limit tokens and retry after backoffs (`Polite`): each
+        // attempt is checked against the fence, not only the first.
+        providers.set_write_gate(Arc::new({
+            let fence = fence.clone();
+            move || fence.holds()
+        }));
         Self { client, providers, options, observer, actuator, fence, claim: Some(claim) }
     }
 
@@ -751,6 +757,9 @@ impl Controller {
         if !gang {
             match provider.set_target_size(group, to).await {
                 Ok(()) => self.observer.scaled_up(group, from, to, pods),
+                Err(e @ ProviderError::NotPermitted { .. }) => {
+                    tracing::info!(%group, error = %e, "leadership lost; the scale-up is left to the next leader")
+                }
                 Err(e) => {
                     self.observer.scale_up_failed(group, &e.to_string());
                     if let Some(b) = provider.group_backoff(group) {
@@ -843,7 +852,9 @@ impl Controller {
                     resume_gang(provider, &record, timeout, poll, tokio::time::sleep, may_write, mark).await
                 };
                 match outcome {
-                    Ok(GangOutcome::Stopped { .. }) => return,
+                    // Leadership lost (a write refused by the cloud write gate, too): the next
+                    // leader resumes the record.
+                    Ok(GangOutcome::Stopped { .. }) | Err(ProviderError::NotPermitted { .. }) => return,
                     Ok(GangOutcome::Ready { .. }) => tracing::info!(%group, "gang capacity is running"),
                     Ok(GangOutcome::RolledBack { reason, .. }) => {
                         observer.scale_up_failed(&group, &reason);
@@ -907,8 +918,9 @@ impl Controller {
                 }
                 Command::ReraiseReplacement { group, target, .. } => {
                     if let Some(provider) = self.providers.provider_of(&group) {
-                        if let Err(e) = provider.set_target_size(&group, target).await {
-                            self.observer.scale_up_failed(&group, &e.to_string());
+                        match provider.set_target_size(&group, target).await {
+                            Ok(()) | Err(ProviderError::NotPermitted { .. }) => {}
+                            Err(e) => self.observer.scale_up_failed(&group, &e.to_string()),
                         }
                     }
                 }

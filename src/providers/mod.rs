@@ -82,6 +82,13 @@ pub enum ProviderError {
         /// Feature name.
         feature: &'static str,
     },
+    /// A write was not issued: the process may no longer write (a controller replica that lost
+    /// leadership; see [`politeness::WriteGate`]).
+    #[error("{op} not issued: this process may no longer write to the cloud (leadership lost)")]
+    NotPermitted {
+        /// The operation, e.g. `set_target_size`.
+        op: &'static str,
+    },
     /// Any other API failure.
     #[error("{op} failed: {cause}")]
     Api {

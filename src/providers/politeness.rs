@@ -186,6 +186,12 @@ struct State {
     seen_failed: BTreeSet<String>,
 }
 
+/// Asked immediately before every attempt of a write (`set_target_size`, `delete_instances`):
+/// false and the attempt is not issued ([`ProviderError::NotPermitted`]). The controller's leader
+/// fence: a write that waited for a rate-limit token or a retry backoff is checked again, so a
+/// replica that lost leadership meanwhile does not issue it late.
+pub type WriteGate = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// A [`CloudProvider`] wrapper that rate-limits, retries and remembers capacity failures (see
 /// the module docs).
 pub struct Polite<P, C: Clock = TokioClock> {
@@ -194,6 +200,7 @@ pub struct Polite<P, C: Clock = TokioClock> {
     limiter: Option<Limiter<C>>,
     config: PolitenessConfig,
     state: Mutex<State>,
+    write_gate: Mutex<Option<WriteGate>>,
 }
 
 impl<P: CloudProvider> Polite<P, TokioClock> {
@@ -225,7 +232,19 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
                 seen_failed: BTreeSet::new(),
             }),
             config,
+            write_gate: Mutex::new(None),
         }
+    }
+
+    /// Checks `gate` before every attempt of every write from now on (replacing an earlier one).
+    pub fn set_write_gate(&self, gate: WriteGate) {
+        *self.write_gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(gate);
+    }
+
+    /// Whether a write may be issued now.
+    fn may_write(&self) -> bool {
+        let gate = self.write_gate.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        gate.is_none_or(|g| g())
     }
 
     /// The wrapped provider.
@@ -317,8 +336,9 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         }
     }
 
-    /// Runs one API operation under the rate limit, retrying retryable failures.
-    async fn call<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T, ProviderError>
+    /// Runs one API operation under the rate limit, retrying retryable failures. A write
+    /// (`write`) asks the write gate right before each attempt, after any wait.
+    async fn call<T, F, Fut>(&self, op: &'static str, write: bool, mut f: F) -> Result<T, ProviderError>
     where
         F: FnMut() -> Fut + Send,
         Fut: Future<Output = Result<T, ProviderError>> + Send,
@@ -329,6 +349,10 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         let mut attempt = 0;
         loop {
             self.acquire().await;
+            if write && !self.may_write() {
+                tracing::info!(op, attempt, "write not issued: the write gate is closed (leadership lost)");
+                return Err(ProviderError::NotPermitted { op });
+            }
             attempt += 1;
             let err = match f().await {
                 Ok(v) => return Ok(v),
@@ -472,7 +496,7 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
     }
 
     async fn refresh(&self) -> Result<Vec<NodeGroup>, ProviderError> {
-        let groups = self.call("refresh", || self.inner.refresh()).await?;
+        let groups = self.call("refresh", false, || self.inner.refresh()).await?;
         self.observe(&groups);
         Ok(groups)
     }
@@ -482,7 +506,7 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
             tracing::info!(group, target, error = %e, "scale-up refused");
             return Err(e);
         }
-        let result = self.call("set_target_size", || self.inner.set_target_size(group, target)).await;
+        let result = self.call("set_target_size", true, || self.inner.set_target_size(group, target)).await;
         match &result {
             Ok(()) => {
                 if let Some(info) = self.lock().groups.get_mut(group) {
@@ -508,7 +532,7 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
     }
 
     async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
-        self.call("delete_instances", || self.inner.delete_instances(group, instances)).await?;
+        self.call("delete_instances", true, || self.inner.delete_instances(group, instances)).await?;
         if let Some(info) = self.lock().groups.get_mut(group) {
             info.target_size = info.target_size.saturating_sub(instances.len() as u32);
         }
@@ -651,6 +675,57 @@ mod tests {
         let times = p.inner().times.lock().unwrap().clone();
         assert_eq!(times.len(), 2);
         assert!(times[1] - times[0] >= Duration::from_secs(7), "{times:?}");
+    }
+
+    /// Leadership fencing across waits: a write checked once and then retried after a backoff
+    /// (or after waiting for a rate-limit token) is checked again before each attempt, so a
+    /// replica that lost leadership meanwhile issues nothing more; reads are not gated.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_write_gate_stops_retries_and_rate_limited_writes_but_not_reads() {
+        use std::sync::atomic::AtomicBool;
+        let clock = TokioClock::new();
+        let open = Arc::new(AtomicBool::new(true));
+        let gate: WriteGate = Arc::new({
+            let open = open.clone();
+            move || open.load(Ordering::SeqCst)
+        });
+        // Throttled with a 7 s Retry-After; the gate closes during the wait.
+        let inner = Scripted::new(
+            vec![Err(ProviderError::Throttled { retry_after: Some(Duration::from_secs(7)) })],
+            clock,
+        );
+        let p = Arc::new(Polite::with_clock(inner, config(3), clock));
+        p.set_write_gate(gate.clone());
+        let write = tokio::spawn({
+            let p = p.clone();
+            async move { p.set_target_size("acct/gpu", 3).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(p.inner().calls.load(Ordering::SeqCst), 1, "the first attempt went out");
+        open.store(false, Ordering::SeqCst);
+        let err = write.await.unwrap().unwrap_err();
+        assert!(matches!(err, ProviderError::NotPermitted { op: "set_target_size" }), "{err}");
+        assert_eq!(p.inner().calls.load(Ordering::SeqCst), 1, "the retry was not issued");
+        assert!(p.delete_instances("acct/gpu", &["i-1".into()]).await.is_err());
+        assert_eq!(p.inner().calls.load(Ordering::SeqCst), 1, "nor any other write");
+        p.refresh().await.unwrap();
+        assert_eq!(p.inner().calls.load(Ordering::SeqCst), 2, "reads go on");
+
+        // Waiting for a rate-limit token: checked after the wait.
+        open.store(true, Ordering::SeqCst);
+        let mut cfg = config(1);
+        cfg.rate_limit = Some(RateLimitConfig { requests_per_second: 1.0, burst: 1 });
+        let p = Arc::new(Polite::with_clock(Scripted::new(vec![], clock), cfg, clock));
+        p.set_write_gate(gate);
+        p.set_target_size("acct/gpu", 1).await.unwrap();
+        let write = tokio::spawn({
+            let p = p.clone();
+            async move { p.set_target_size("acct/gpu", 2).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        open.store(false, Ordering::SeqCst);
+        assert!(matches!(write.await.unwrap(), Err(ProviderError::NotPermitted { .. })));
+        assert_eq!(p.inner().calls.load(Ordering::SeqCst), 1, "only the write before the gate closed");
     }
 
     #[tokio::test(start_paused = true)]
