@@ -218,7 +218,30 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
 {
-    spawn_reflector_dyn(api, writer, notify, kind, K::DynamicType::default())
+    spawn_reflector_dyn(api, writer, notify, kind, K::DynamicType::default(), |_| {})
+}
+
+/// A reflector whose store keeps of each Node or Pod only what the loop reads
+/// ([`crate::k8s::slim_pod`]): at 50,000 pods the full objects would be most of the controller's
+/// memory.
+fn spawn_slim_reflector<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    notify: Arc<Notify>,
+    kind: &'static str,
+    slim: fn(K) -> K,
+) -> JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Default
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    spawn_reflector_dyn(api, writer, notify, kind, (), move |o: &mut K| *o = slim(std::mem::take(o)))
 }
 
 fn spawn_reflector_dyn<K>(
@@ -227,6 +250,7 @@ fn spawn_reflector_dyn<K>(
     notify: Arc<Notify>,
     kind: &'static str,
     _dyntype: K::DynamicType,
+    prune: impl Fn(&mut K) + Send + Sync + 'static,
 ) -> JoinHandle<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -236,9 +260,10 @@ where
     // keep objects without them.
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|o| o.meta_mut().managed_fields = None),
+        watcher(api, watcher::Config::default()).default_backoff().modify(move |o| {
+            o.meta_mut().managed_fields = None;
+            prune(o);
+        }),
     );
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -333,8 +358,21 @@ impl Controller {
                 return Err(ControllerError::NotServed { what });
             }
         }
-        tasks.0.push(spawn_reflector(Api::all(self.client.clone()), node_w, notify.clone(), "Node"));
-        tasks.0.push(spawn_reflector(Api::all(self.client.clone()), pod_w, notify.clone(), "Pod"));
+        let (slim_node, slim_pod) = (crate::k8s::slim_node, crate::k8s::slim_pod);
+        tasks.0.push(spawn_slim_reflector(
+            Api::all(self.client.clone()),
+            node_w,
+            notify.clone(),
+            "Node",
+            slim_node,
+        ));
+        tasks.0.push(spawn_slim_reflector(
+            Api::all(self.client.clone()),
+            pod_w,
+            notify.clone(),
+            "Pod",
+            slim_pod,
+        ));
         tasks.0.push(spawn_reflector(
             Api::all(self.client.clone()),
             pdb_w,
@@ -362,7 +400,7 @@ impl Controller {
         if may_read(&pg_api, "list podgroups.scheduling.x-k8s.io").await? {
             let w = Writer::<DynamicObject>::new(ar.clone());
             stores.pod_groups = Some(w.as_reader());
-            tasks.0.push(spawn_reflector_dyn(pg_api, w, notify.clone(), "PodGroup", ar));
+            tasks.0.push(spawn_reflector_dyn(pg_api, w, notify.clone(), "PodGroup", ar, |_| {}));
         } else {
             tracing::info!(
                 "PodGroups (scheduling.x-k8s.io/v1alpha1) not served; gang sizes come from pod annotations"

@@ -32,6 +32,7 @@ pub use node::{
 };
 pub use pod::{convert_pod, ConvertedPod, EffectiveRequests, HAMI_ALLOCATED};
 pub use policy::{convert_pdb, convert_pod_group, POD_GROUP_API_VERSIONS};
+pub use slim::{slim_node, slim_pod};
 pub use source::{parse_text, read_path, read_path_with, SourcedObject};
 
 use crate::model::{ClusterSnapshot, DeviceAssignment, GpuDemand, Node, GPU_MILLI};

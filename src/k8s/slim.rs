@@ -30,6 +30,28 @@ struct MetaIn {
     owner_references: Option<Vec<OwnerReference>>,
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
+    // Not read by the conversion; the controller's stores key their conversions by version and
+    // its drains honour the grace period of a deletion under way.
+    resource_version: Option<String>,
+    deletion_grace_period_seconds: Option<i64>,
+}
+
+impl From<ObjectMeta> for MetaIn {
+    fn from(m: ObjectMeta) -> Self {
+        MetaIn {
+            name: m.name,
+            generate_name: m.generate_name,
+            namespace: m.namespace,
+            uid: m.uid,
+            labels: m.labels,
+            annotations: m.annotations,
+            owner_references: m.owner_references,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            resource_version: m.resource_version,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        }
+    }
 }
 
 impl From<MetaIn> for ObjectMeta {
@@ -44,6 +66,8 @@ impl From<MetaIn> for ObjectMeta {
             owner_references: m.owner_references,
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
+            resource_version: m.resource_version,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
             ..ObjectMeta::default()
         }
     }
@@ -92,6 +116,8 @@ struct ContainerIn {
 struct PodStatusIn {
     phase: Option<String>,
     resource_claim_statuses: Option<Vec<k8s::PodResourceClaimStatus>>,
+    /// Not read by the conversion; the controller's training protection counts runtime from it.
+    start_time: Option<Time>,
 }
 
 impl From<ContainerIn> for k8s::Container {
@@ -129,6 +155,7 @@ impl From<PodIn> for k8s::Pod {
             status: p.status.map(|s| k8s::PodStatus {
                 phase: s.phase,
                 resource_claim_statuses: s.resource_claim_statuses,
+                start_time: s.start_time,
                 ..k8s::PodStatus::default()
             }),
         }
@@ -164,4 +191,54 @@ impl From<NodeIn> for k8s::Node {
             }),
         }
     }
+}
+
+/// `pod` with only what the conversion and the controller read: what a reflector store keeps of
+/// each of tens of thousands of pods (container environment, probes, images and statuses go).
+pub fn slim_pod(pod: k8s::Pod) -> k8s::Pod {
+    let c = |c: k8s::Container| ContainerIn {
+        name: c.name,
+        ports: c.ports,
+        resources: c.resources,
+        restart_policy: c.restart_policy,
+    };
+    PodIn {
+        metadata: pod.metadata.into(),
+        spec: pod.spec.map(|s| PodSpecIn {
+            containers: s.containers.into_iter().map(c).collect(),
+            init_containers: s.init_containers.map(|v| v.into_iter().map(c).collect()),
+            affinity: s.affinity,
+            node_name: s.node_name,
+            node_selector: s.node_selector,
+            overhead: s.overhead,
+            priority: s.priority,
+            resource_claims: s.resource_claims,
+            resources: s.resources,
+            scheduler_name: s.scheduler_name,
+            tolerations: s.tolerations,
+            topology_spread_constraints: s.topology_spread_constraints,
+            volumes: s.volumes,
+        }),
+        status: pod.status.map(|s| PodStatusIn {
+            phase: s.phase,
+            resource_claim_statuses: s.resource_claim_statuses,
+            start_time: s.start_time,
+        }),
+    }
+    .into()
+}
+
+/// `node` with only what the conversion and the controller read (node images and system info
+/// go).
+pub fn slim_node(node: k8s::Node) -> k8s::Node {
+    NodeIn {
+        metadata: node.metadata.into(),
+        spec: node.spec,
+        status: node.status.map(|s| NodeStatusIn {
+            allocatable: s.allocatable,
+            capacity: s.capacity,
+            conditions: s.conditions,
+        }),
+    }
+    .into()
 }

@@ -1036,6 +1036,31 @@ fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_
     let (first, counts) = incremental(&nodes, &pods, &gang);
     same(&first, &one_shot(&nodes, &pods, &gang));
     assert_eq!(counts, ConversionCounts { converted: total, reused: 0 });
+
+    // What the controller's stores keep of each object converts the same, and keeps what the
+    // loop reads besides (versions for this cache, start times and deletion grace for drains).
+    let slim_nodes: Vec<core::Node> = nodes.iter().cloned().map(slim_node).collect();
+    let slim_pods: Vec<core::Pod> = pods.iter().cloned().map(slim_pod).collect();
+    same(&one_shot(&slim_nodes, &slim_pods, &gang), &first);
+    for (slim, full) in slim_pods.iter().zip(&pods) {
+        assert!(full.metadata.resource_version.is_some());
+        assert_eq!(slim.metadata.resource_version, full.metadata.resource_version);
+        assert_eq!(slim.metadata.annotations, full.metadata.annotations);
+        let start = |p: &core::Pod| p.status.as_ref().and_then(|s| s.start_time.clone());
+        assert_eq!(start(slim), start(full));
+        assert!(slim.spec.as_ref().unwrap().containers.iter().all(|c| c.env.is_none() && c.image.is_none()));
+    }
+    assert!(pods.iter().any(|p| p.status.as_ref().is_some_and(|s| s.start_time.is_some())));
+    let with_grace = slim_pod(core::Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            deletion_grace_period_seconds: Some(30),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert_eq!(with_grace.metadata.deletion_grace_period_seconds, Some(30));
+    assert!(slim_nodes.iter().all(|n| n.status.as_ref().unwrap().images.is_none()));
+    assert!(nodes.iter().any(|n| n.status.as_ref().unwrap().images.is_some()), "the generator writes images");
     let (again, counts) = incremental(&nodes, &pods, &gang);
     same(&again, &first);
     assert_eq!(counts, ConversionCounts { converted: 0, reused: total });
