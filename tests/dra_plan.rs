@@ -307,3 +307,36 @@ fn missing_templates_and_classes_block_the_pod_with_a_warning_naming_the_field()
         "{e}"
     );
 }
+
+/// A new node of a DRA group is Ready before its driver publishes its ResourceSlices: it is
+/// capacity on its way (its group's devices), so the pod it was added for waits for it instead
+/// of asking for yet another node.
+#[test]
+fn a_new_dra_node_without_its_slices_is_in_flight_not_a_node_without_gpus() {
+    let mut objects = device_classes();
+    let mut new = node("h100-new", H100, "h100", 8, 0);
+    // No GPU labels either (GPU feature discovery has not run): nothing says GPUs but the group.
+    new["metadata"]["labels"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("nvidia.com"));
+    objects.extend([new, template("eight", "gpu.nvidia.com", 8, &[]), pod("want8", "eight", true)]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
+    let mut snapshot = gpuscale::k8s::convert(&objs).expect("a valid snapshot").snapshot;
+    let groups = gpuscale::providers::config::load_strs(&[("groups.yaml", GROUPS)]).unwrap().node_groups();
+    // In flight from the conversion (its instance type has GPUs it does not offer yet), or
+    // marked so against its group (which says it publishes eight DRA devices).
+    gpuscale::planner::readiness::mark_in_flight(&mut snapshot.nodes, &groups);
+    assert_eq!(snapshot.nodes[0].state, gpuscale::model::NodeState::Initializing);
+    let mut ready = snapshot.nodes[0].clone();
+    ready.state = gpuscale::model::NodeState::Ready;
+    let template = &groups[0].template;
+    assert_eq!(
+        gpuscale::planner::readiness::classify(&ready, Some(template)),
+        gpuscale::planner::readiness::Readiness::InFlight(
+            "publishes 0 of the 8 DRA devices of its group".into()
+        )
+    );
+    let input = PlanInput { snapshot, groups, unavailable: Default::default() };
+    let p = planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() });
+    assert_eq!(scale_ups(&p), vec![], "{p:?}");
+    assert_eq!(placed(&p), vec![s("ml/want8", "h100-new")]);
+    assert!(p.placements[0].node_in_flight);
+}

@@ -173,6 +173,10 @@ pub fn build<'p>(
                     node.gpu_model = g.template.gpu_model.clone();
                     node.topology = g.template.topology.clone();
                 }
+                // Its DRA devices come with its ResourceSlices; until then, its group's.
+                if node.dra.is_empty() && !g.template.dra.is_empty() {
+                    node.dra = g.template.dra.clone();
+                }
             }
         }
         if let Some(g) = group {

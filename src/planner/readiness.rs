@@ -26,6 +26,16 @@ pub fn classify(node: &Node, template: Option<&Node>) -> Readiness {
         });
     }
     let Some(template) = template else { return Readiness::Ready };
+    // GPUs offered through DRA come with the node's ResourceSlices, published by the driver's
+    // kubelet plugin after the node turns Ready: until then the node is on its way, not a node
+    // without GPUs (planned as such, every DRA pod waiting for it would ask for another).
+    if node.dra.devices.len() < template.dra.devices.len() {
+        return Readiness::InFlight(format!(
+            "publishes {} of the {} DRA devices of its group",
+            node.dra.devices.len(),
+            template.dra.devices.len()
+        ));
+    }
     if template.gpus.is_empty() {
         return Readiness::Ready;
     }
