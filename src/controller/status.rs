@@ -866,8 +866,6 @@ impl StatusHandle {
     }
 }
 
-/// Node counts of group `g` by state.
-
 /// The data of a group's status ConfigMap.
 fn group_data(
     plan: &Plan,
