@@ -218,6 +218,17 @@ mod tests {
         assert!(!allows(ANY, "get", "", "pods"));
         assert!(!allows(ANY, "list", "", "pods/log"));
         assert_eq!(expand(AGENT_CLUSTER_RULES).len(), 2);
-        assert_eq!(expand(CONTROLLER_CLUSTER_RULES).len(), 5 + 3 + 1 + 2 + 4 + 2 + 2 + 2 + 2);
+        // One (group, resource, verb) per grant, none lost or duplicated by the expansion.
+        let grants: usize = CONTROLLER_CLUSTER_RULES
+            .iter()
+            .map(|r| r.api_groups.len() * r.resources.len() * r.verbs.len())
+            .sum();
+        let expanded = expand(CONTROLLER_CLUSTER_RULES);
+        assert_eq!(expanded.len(), grants);
+        for (g, res, v) in &expanded {
+            assert!(allows(CONTROLLER_CLUSTER_RULES, v, g, res), "{g}/{res} {v}");
+        }
+        let slices = ("resource.k8s.io".to_string(), "resourceslices".to_string(), "watch".to_string());
+        assert!(expanded.contains(&slices));
     }
 }
