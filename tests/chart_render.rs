@@ -666,6 +666,7 @@ fn controller_metrics() -> gpuscale::controller::metrics::Metrics {
             pending("ns/mig", GpuDemand::Mig { profile: "1g.10gb".into(), count: 1 }),
         ],
         disruption_budgets: vec![],
+        ..Default::default()
     };
     m.observe_plan(&gpuscale::planner::Plan::default(), &snapshot, std::time::Duration::from_millis(5));
     m.observe_groups(&[NodeGroup {

@@ -71,6 +71,7 @@ fn plan() -> Plan {
             from: 1,
             to: 2,
             pods: vec!["ml/train-0".into(), "ml/train-1".into()],
+            requests: vec![],
             reason: "cheapest group that fits the gang".into(),
             cost_per_hour: dollars(98.32),
         }],

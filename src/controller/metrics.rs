@@ -328,6 +328,7 @@ mod tests {
                 pending("ns/cpu", GpuDemand::None),
             ],
             disruption_budgets: vec![],
+            provisioning_requests: vec![],
         };
         let plan = Plan {
             scale_ups: vec![ScaleUp {
@@ -336,6 +337,7 @@ mod tests {
                 from: 2,
                 to: 3,
                 pods: vec!["ns/w1".into()],
+                requests: vec![],
                 reason: "cheapest".into(),
                 cost_per_hour: dollars(98.32),
             }],

@@ -73,6 +73,8 @@ pub(super) enum Decoded {
     ResourceSlice(Box<resource::ResourceSlice>),
     ResourceClaim(Box<resource::ResourceClaim>),
     ResourceClaimTemplate(Box<resource::ResourceClaimTemplate>),
+    ProvisioningRequest(Box<super::provisioning::ProvisioningRequestObject>),
+    PodTemplate(Box<core::PodTemplate>),
     /// A gang's PodGroup (read before the pods, see [`decode_all`]).
     PodGroup,
     /// A kind the plan does not read: `Kind (apiVersion)`.
@@ -133,6 +135,10 @@ fn decode_one<O: RawObject>(o: &O, pod_groups: &BTreeMap<String, u32>) -> Result
         ("resource.k8s.io/v1", "ResourceSlice") => Decoded::ResourceSlice(o.decode()?),
         ("resource.k8s.io/v1", "ResourceClaim") => Decoded::ResourceClaim(o.decode()?),
         ("resource.k8s.io/v1", "ResourceClaimTemplate") => Decoded::ResourceClaimTemplate(o.decode()?),
+        (v, "ProvisioningRequest") if super::provisioning::PROVISIONING_REQUEST_API_VERSIONS.contains(&v) => {
+            Decoded::ProvisioningRequest(o.decode()?)
+        }
+        ("v1", "PodTemplate") => Decoded::PodTemplate(o.decode()?),
         (_, "") => {
             return Err(SnapshotError::NotObjects {
                 origin: o.origin().into_owned(),

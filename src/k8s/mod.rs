@@ -17,6 +17,7 @@ mod json_list;
 mod node;
 mod pod;
 mod policy;
+pub mod provisioning;
 pub mod quantity;
 mod slim;
 mod source;
@@ -126,6 +127,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
     let mut pdbs = Vec::new();
     let mut storage = volume::Storage::default();
     let mut dra = dra::Dra::default();
+    let mut requests = provisioning::Requests::default();
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     for (origin, decoded) in objects {
         match decoded {
@@ -139,6 +141,8 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
             Decoded::ResourceSlice(k) => dra.add_slice(&origin, *k),
             Decoded::ResourceClaim(k) => dra.add_claim(&origin, *k),
             Decoded::ResourceClaimTemplate(k) => dra.add_template(&origin, *k),
+            Decoded::ProvisioningRequest(k) => requests.add_request(&origin, *k),
+            Decoded::PodTemplate(k) => requests.add_template(*k),
             Decoded::PodGroup => {}
             Decoded::Skipped(kind) => *skipped.entry(kind).or_insert(0usize) += 1,
         }
@@ -200,6 +204,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
         converted.push(p);
     }
 
+    let provisioning_requests = requests.convert(&mut dra, &mut warnings)?;
     if unchecked_claims > 0 {
         warnings.push(format!(
             "{unchecked_claims} pending pod(s) use PersistentVolumeClaims, but the snapshot has no claims, volumes or \
@@ -235,6 +240,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
         snapshot.workloads.push(p.workload);
     }
     snapshot.nodes = fresh_nodes;
+    snapshot.provisioning_requests = provisioning_requests;
 
     for (origin, k) in &pdbs {
         if let Some(b) = convert_pdb(k, origin, &mut warnings)? {

@@ -816,6 +816,10 @@ pub fn convert_pod(
             labels: labels_for_terms.clone(),
             anti_affinity,
         })),
+        consumes: annotations
+            .get(crate::model::provisioning::CONSUME_ANNOTATION)
+            .or_else(|| annotations.get(crate::model::provisioning::CONSUME_ANNOTATION_LEGACY))
+            .map(|r| format!("{namespace}/{r}")),
     };
     Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

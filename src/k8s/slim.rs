@@ -14,7 +14,9 @@ use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 
 /// `null` and a missing field both give the default, as `k8s-openapi` treats required fields.
-fn null_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+pub(crate) fn null_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 

@@ -12,6 +12,7 @@ mod group;
 pub mod mig;
 pub mod names;
 mod node;
+pub mod provisioning;
 mod resources;
 mod snapshot;
 pub mod telemetry;
@@ -25,6 +26,7 @@ pub use node::{
     GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect, GKE_ACCELERATOR_COUNT_LABEL,
     GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL, GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,
 };
+pub use provisioning::{ProvisioningClass, ProvisioningRequest};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;
 pub use telemetry::{

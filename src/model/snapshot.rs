@@ -15,6 +15,9 @@ pub struct ClusterSnapshot {
     /// PodDisruptionBudgets.
     #[serde(default)]
     pub disruption_budgets: Vec<DisruptionBudget>,
+    /// ProvisioningRequests: capacity asked for pods that do not exist yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub provisioning_requests: Vec<super::provisioning::ProvisioningRequest>,
 }
 
 impl ClusterSnapshot {

@@ -204,6 +204,10 @@ pub struct Workload {
     /// record them; `None` for workloads no pod affinity can see (traces). Derived by the conversion, not serialised.
     #[serde(skip)]
     pub identity: Option<std::sync::Arc<PodIdentity>>,
+    /// The ProvisioningRequest (`namespace/name`) whose capacity the pod uses
+    /// (`autoscaling.x-k8s.io/consume-provisioning-request`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumes: Option<String>,
 }
 
 /// Node labels a PersistentVolume's zone and region are read from (VolumeZone's list).

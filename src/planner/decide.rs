@@ -165,7 +165,8 @@ pub fn decide(
             from: su.from,
             to: su.to,
             pods: su.pods.clone(),
-            gang: su.pods.iter().any(|p| gang_pods.contains(p.as_str())),
+            // ProvisioningRequests are served all or nothing, like gangs.
+            gang: !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str())),
         });
     }
 
@@ -425,6 +426,7 @@ mod tests {
             ..Default::default()
         });
         let up = |group: &str, pods: &[&str]| ScaleUp {
+            requests: vec![],
             group: group.into(),
             instance_type: String::new(),
             from: 1,

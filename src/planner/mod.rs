@@ -13,14 +13,15 @@ pub mod default_spread;
 mod idle;
 mod mig_advice;
 mod plan;
+mod provisioning;
 pub mod readiness;
 mod scale_down;
 mod scale_up;
 mod tenancy;
 
 pub use plan::{
-    IdleGpu, Kept, MigRepartition, PendingPlacement, Plan, Preempt, Replace, ScaleDown, ScaleUp,
-    Unschedulable,
+    IdleGpu, Kept, MigRepartition, PendingPlacement, Plan, Preempt, Replace, RequestOutcome, RequestState,
+    ScaleDown, ScaleUp, Unschedulable,
 };
 
 use crate::model::{ClusterSnapshot, Node, NodeGroup, Resources, Workload};
@@ -155,8 +156,8 @@ pub(crate) struct Unit {
     pub gang: Option<String>,
 }
 
-/// Groups pending pods into units, highest priority first, then largest first, then oldest,
-/// then by name.
+/// Groups pending pods into units: pods that use a booking first, then highest priority,
+/// then largest first, then oldest, then by name.
 ///
 /// Within a priority, pods are packed largest first (by their dominant share of `capacity`), as
 /// Cluster Autoscaler's bin-packing estimator does: first-fit decreasing needs markedly fewer nodes
@@ -164,6 +165,7 @@ pub(crate) struct Unit {
 fn pending_units(
     workloads: &[Workload],
     planned: &dyn Fn(&Workload) -> bool,
+    first: &dyn Fn(&Workload) -> bool,
     capacity: &Resources,
     gpu_capacity_milli: u64,
 ) -> Vec<Unit> {
@@ -178,8 +180,9 @@ fn pending_units(
     };
     pending.sort_by(|&a, &b| {
         let (x, y) = (&workloads[a], &workloads[b]);
-        y.priority
-            .cmp(&x.priority)
+        first(y)
+            .cmp(&first(x))
+            .then(y.priority.cmp(&x.priority))
             .then(share(y).total_cmp(&share(x)))
             .then(x.created_at.cmp(&y.created_at))
             .then(x.id.cmp(&y.id))
@@ -216,14 +219,40 @@ fn pending_units(
 
 /// Makes the plan.
 pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
+    match provisioning::expand(input, settings.now) {
+        Some((expanded, ex)) => {
+            let mut found = provisioning::Found::default();
+            let mut out = plan_with(&expanded, settings, &ex, &mut found);
+            provisioning::report(
+                &mut out,
+                &ex,
+                &found,
+                &expanded.snapshot.workloads,
+                &input.snapshot.provisioning_requests,
+            );
+            out
+        }
+        None => plan_with(input, settings, &Default::default(), &mut Default::default()),
+    }
+}
+
+/// [`plan`] with ProvisioningRequests' stand-ins in the workloads (`ex` says which).
+fn plan_with(
+    input: &PlanInput,
+    settings: &PlannerSettings,
+    ex: &provisioning::Expansion,
+    found: &mut provisioning::Found,
+) -> Plan {
     if let Some(workloads) =
         default_spread::apply(&input.snapshot.workloads, &settings.default_spread_constraints)
     {
         let mut defaulted = input.clone();
         defaulted.snapshot.workloads = workloads;
-        return plan(
+        return plan_with(
             &defaulted,
             &PlannerSettings { default_spread_constraints: Vec::new(), ..settings.clone() },
+            ex,
+            found,
         );
     }
     let mut out = Plan::default();
@@ -248,8 +277,10 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         let name = w.scheduler.as_deref().unwrap_or(crate::model::DEFAULT_SCHEDULER);
         settings.scheduler_names.iter().any(|s| s == name)
     };
-    let planned = |w: &Workload| ours(w) && w.volume_blocked.is_none();
-    for w in snapshot.workloads.iter().filter(|w| w.node_name.is_none() && !planned(w)) {
+    // Booked and check-capacity stand-ins of ProvisioningRequests have steps of their own.
+    let planned = |w: &Workload| ours(w) && w.volume_blocked.is_none() && !ex.reserved(w);
+    let reported = |w: &Workload| w.node_name.is_none() && !planned(w) && !ex.reserved(w);
+    for w in snapshot.workloads.iter().filter(|w| reported(w)) {
         let reason = match &w.volume_blocked {
             Some(blocked) if ours(w) => blocked.clone(),
             _ => format!(
@@ -260,7 +291,10 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         };
         out.unschedulable.push(Unschedulable { pod: w.id.clone(), reason });
     }
-    let mut units = pending_units(&snapshot.workloads, &planned, &capacity, gpu_capacity);
+    // Booked capacity is taken before any pending pod is placed.
+    provisioning::hold_bookings(ex, found, &mut placer, &mut info, &snapshot.workloads);
+    let mut units =
+        pending_units(&snapshot.workloads, &planned, &|w| ex.uses_booking(w), &capacity, gpu_capacity);
     let mut reclaim = Vec::new();
     if let Some(g) = gate.as_mut() {
         let gpu_milli = snapshot.nodes.iter().map(|n| n.gpu_milli_capacity()).sum();
@@ -287,7 +321,14 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
         }
     }
 
-    // 1b. Preemption: evict when cheaper than scaling up, and reclaim lent quota.
+    // 1a. check-capacity requests: what is left on Ready nodes.
+    provisioning::check_capacity(ex, found, &mut placer, &mut info, &snapshot.workloads);
+
+    // 1b. Preemption: evict when cheaper than scaling up, and reclaim lent quota. Stand-ins of
+    // requests never evict: Kueue preempts before it asks for capacity.
+    let (stand_ins, unplaced): (Vec<Unit>, Vec<Unit>) =
+        unplaced.into_iter().partition(|u| u.pods.iter().any(|&wi| ex.is_stand_in(wi)));
+    let mut unplaced = unplaced;
     if let Some(g) = gate.as_mut() {
         for unit in reclaim {
             if g.preempt(&mut placer, &mut info, input, &groups, &unit, true)
@@ -315,7 +356,8 @@ pub fn plan(input: &PlanInput, settings: &PlannerSettings) -> Plan {
     // 2. MIG re-partitioning of idle GPUs instead of new nodes, then scale-up for the rest.
     let advice = mig_advice::advise(&mut placer, &mut info, input, &groups, unplaced);
     out.mig_repartitions = advice.repartitions;
-    let unplaced = advice.remaining;
+    let mut unplaced = advice.remaining;
+    unplaced.extend(stand_ins);
     let ups = scale_up::plan(
         &mut placer,
         &mut info,

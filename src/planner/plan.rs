@@ -35,6 +35,9 @@ pub struct ScaleUp {
     pub to: u32,
     /// Pending pods the new nodes are for.
     pub pods: Vec<String>,
+    /// ProvisioningRequests the new nodes are for (all or nothing, like a gang).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<String>,
     /// Why this group.
     pub reason: String,
     /// Added cost per hour (decimal dollars in JSON and YAML).
@@ -163,6 +166,52 @@ pub struct MigRepartition {
     pub saving_per_hour: MicroDollarsPerHour,
 }
 
+/// What a ProvisioningRequest is in this plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RequestState {
+    /// Its pods fit Ready nodes now: the capacity is there (and booked from now).
+    Provisioned,
+    /// Provisioned before and within its booking: its capacity is held for its pods.
+    Booked,
+    /// Its pods fit nodes still on their way (a scale-up for it under way).
+    Provisioning,
+    /// This plan grows node groups for it.
+    ScalingUp,
+    /// Its pods do not fit now (the message says why): asked again every pass.
+    NotFound,
+    /// It cannot be served (the reason says why); Kueue retries with a new request.
+    Failed,
+    /// Its booking ran out before its pods came: the capacity is released.
+    BookingExpired,
+    /// Its class is not one gpuscale serves: left to whoever serves it.
+    Ignored,
+}
+
+/// What a ProvisioningRequest gets from this plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestOutcome {
+    /// `namespace/name`.
+    pub request: String,
+    /// `spec.provisioningClassName`.
+    pub class: String,
+    /// Pods it asks for.
+    pub pods: u32,
+    /// Its state.
+    pub state: RequestState,
+    /// The condition reason (Cluster Autoscaler's words, which Kueue reads).
+    pub reason: String,
+    /// Why, for people.
+    pub message: String,
+    /// Nodes its pods fit on (with how many), existing or on their way.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Groups this plan grows for it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
 /// `text` with every control character (line breaks, terminal escapes, bidirectional overrides)
 /// written as a `\u{..}` escape: names and reasons come from the snapshot, and must not be able
 /// to forge plan lines or drive the terminal.
@@ -199,6 +248,9 @@ pub struct Plan {
     pub mig_repartitions: Vec<MigRepartition>,
     /// Allocated GPUs measured idle for longer than the idle window.
     pub idle_gpus: Vec<IdleGpu>,
+    /// ProvisioningRequests and what each gets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub provisioning_requests: Vec<RequestOutcome>,
     /// Cost per hour of the node groups now (target sizes).
     #[serde(rename = "costBeforePerHourUsd", serialize_with = "usd_value")]
     pub cost_before: MicroDollarsPerHour,
@@ -246,15 +298,23 @@ impl Plan {
         for a in &self.scale_ups {
             let _ = writeln!(
                 out,
-                "SCALE-UP      {:<28} {} → {} (+{}) {}  +{}  for {} pod(s): {}\n              reason: {}",
+                "SCALE-UP      {:<28} {} → {} (+{}) {}  +{}  for {}\n              reason: {}",
                 shown(&a.group),
                 a.from,
                 a.to,
                 a.to - a.from,
                 shown(&a.instance_type),
                 usd(a.cost_per_hour),
-                a.pods.len(),
-                list(&a.pods),
+                match (a.pods.is_empty(), a.requests.is_empty()) {
+                    (false, true) => format!("{} pod(s): {}", a.pods.len(), list(&a.pods)),
+                    (true, false) => format!("ProvisioningRequest {}", list(&a.requests)),
+                    _ => format!(
+                        "{} pod(s): {}; ProvisioningRequest {}",
+                        a.pods.len(),
+                        list(&a.pods),
+                        list(&a.requests)
+                    ),
+                },
                 shown(&a.reason)
             );
         }
@@ -329,6 +389,20 @@ impl Plan {
                 shown(&p.reason)
             );
         }
+        for r in &self.provisioning_requests {
+            let state = serde_json::to_value(r.state).ok();
+            let _ = writeln!(
+                out,
+                "PROVISIONING  {:<28} {} ({}, {} pod(s)): {}{}{}",
+                shown(&r.request),
+                state.as_ref().and_then(|s| s.as_str()).unwrap_or_default(),
+                shown(r.class.split('.').next().unwrap_or_default()),
+                r.pods,
+                shown(&r.message),
+                if r.groups.is_empty() { String::new() } else { format!("; grows {}", list(&r.groups)) },
+                if r.nodes.is_empty() { String::new() } else { format!("; on {}", list(&r.nodes)) },
+            );
+        }
         for p in &self.placements {
             let _ = writeln!(
                 out,
@@ -364,6 +438,7 @@ impl Plan {
             && self.unschedulable.is_empty()
             && self.mig_repartitions.is_empty()
             && self.preemptions.is_empty()
+            && self.provisioning_requests.is_empty()
         {
             let _ = writeln!(out, "nothing to do");
         }

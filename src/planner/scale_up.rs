@@ -347,6 +347,7 @@ pub(crate) fn plan(
                     g.instance_type
                 ),
                 pods,
+                requests: Vec::new(),
                 cost_per_hour: g.price * u64::from(added[gi]),
             }
         })
