@@ -320,4 +320,29 @@ impl KubeActuator {
             }
         }
     }
+
+    /// Writes a ProvisioningRequest's status conditions, if it is still at `resource_version`
+    /// (a merge patch of the status subresource carrying the version read). Returns false when
+    /// it changed since (the next pass decides again on what it became) or is gone.
+    pub async fn set_request_conditions(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    ) -> Result<bool, ApiError> {
+        let object = || format!("ProvisioningRequest {namespace}/{name}");
+        let ar = super::provisioning::resource();
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": {"conditions": conditions},
+        });
+        self.fenced("patch", object)?;
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(false),
+            Err(cause) => Err(ApiError { op: "patch", object: object(), cause: ApiCause::Kube(cause) }),
+        }
+    }
 }

@@ -6,7 +6,7 @@ use super::config::ControllerConfig;
 use super::reconcile::pod_group_resource;
 use super::snapshot::{self, ClusterView};
 use crate::k8s::SnapshotError;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, PodTemplate};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -99,6 +99,21 @@ pub async fn read(
         }
         Err(LiveError::List { source: kube::Error::Api(e), .. }) if e.code == 404 => {
             tracing::info!("resource.k8s.io/v1 not served; pods' resource claims are not planned");
+        }
+        Err(e) => return Err(e),
+    }
+    // ProvisioningRequests, where their CRD is installed.
+    let ar = super::provisioning::resource();
+    let pr_api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    match list_all(&pr_api, "provisioningrequests.autoscaling.x-k8s.io").await {
+        Ok(requests) => {
+            let templates = list_all(&Api::<PodTemplate>::all(client.clone()), "podtemplates").await?;
+            storage.extend(snapshot::provisioning_objects(&requests, &templates));
+        }
+        Err(LiveError::List { source: kube::Error::Api(e), .. }) if e.code == 404 => {
+            tracing::info!(
+                "ProvisioningRequests (autoscaling.x-k8s.io/v1) not served; capacity requests are off"
+            );
         }
         Err(e) => return Err(e),
     }

@@ -36,6 +36,7 @@ pub struct Metrics {
     group_size: Family<Labels2, Gauge>,
     planned_actions: Family<Labels1, Gauge>,
     plan_cost: Family<Labels1, FloatGauge>,
+    provisioning_requests: Family<Labels1, Gauge>,
     loop_duration: Histogram,
     scale_ups: Family<Labels1, Counter>,
     scaled_up_nodes: Family<Labels1, Counter>,
@@ -91,6 +92,7 @@ impl Metrics {
             group_size: Family::default(),
             planned_actions: Family::default(),
             plan_cost: Family::default(),
+            provisioning_requests: Family::default(),
             loop_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             scale_ups: Family::default(),
             scaled_up_nodes: Family::default(),
@@ -156,6 +158,11 @@ impl Metrics {
             "Duration of one control loop (snapshot, plan, act)",
             Unit::Seconds,
             m.loop_duration.clone(),
+        );
+        r.register(
+            "provisioning_requests",
+            "ProvisioningRequests in the last plan, by state (provisioned, booked, provisioning, scalingUp, notFound, failed, bookingExpired, ignored)",
+            m.provisioning_requests.clone(),
         );
         r.register("scale_ups", "Scale-ups requested from the cloud, by group", m.scale_ups.clone());
         r.register(
@@ -230,6 +237,10 @@ impl Metrics {
             ("placement", plan.placements.len()),
         ] {
             self.planned_actions.get_or_create(&[("action", action.into())]).set(n as i64);
+        }
+        for state in crate::planner::RequestState::ALL {
+            let n = plan.provisioning_requests.iter().filter(|r| r.state == state).count();
+            self.provisioning_requests.get_or_create(&[("state", state.name())]).set(n as i64);
         }
         let per_dollar = dollars(1.0) as f64;
         self.plan_cost.get_or_create(&[("when", "before".into())]).set(plan.cost_before as f64 / per_dollar);
@@ -342,6 +353,16 @@ mod tests {
                 cost_per_hour: dollars(98.32),
             }],
             unschedulable: vec![Unschedulable { pod: "ns/s".into(), reason: "no group".into() }],
+            provisioning_requests: vec![crate::planner::RequestOutcome {
+                request: "ml/train-prov-1".into(),
+                class: crate::model::provisioning::ATOMIC_SCALE_UP_CLASS.into(),
+                pods: 4,
+                state: crate::planner::RequestState::ScalingUp,
+                reason: "CapacityIsBeingProvisioned".into(),
+                message: String::new(),
+                nodes: vec![],
+                groups: vec!["aws/prod/h100 +4".into()],
+            }],
             cost_before: dollars(196.64),
             cost_after: dollars(294.96),
             ..Default::default()
@@ -364,6 +385,8 @@ mod tests {
         assert_eq!(sample(&text, "gpuscale_nodes{group=\"h100\",state=\"deleting\"}"), Some(0.0));
         assert_eq!(sample(&text, "gpuscale_nodes{group=\"a100-mig\",state=\"upcoming\"}"), Some(1.0));
         assert_eq!(sample(&text, "gpuscale_planned_actions{action=\"scale_up\"}"), Some(1.0));
+        assert_eq!(sample(&text, "gpuscale_provisioning_requests{state=\"scalingUp\"}"), Some(1.0));
+        assert_eq!(sample(&text, "gpuscale_provisioning_requests{state=\"booked\"}"), Some(0.0));
         assert_eq!(sample(&text, "gpuscale_plan_cost_dollars_per_hour{when=\"before\"}"), Some(196.64));
         assert_eq!(sample(&text, "gpuscale_plan_cost_dollars_per_hour{when=\"after\"}"), Some(294.96));
         assert_eq!(sample(&text, "gpuscale_loop_duration_seconds_count"), Some(1.0));
@@ -377,6 +400,7 @@ mod tests {
         let text = m.encode();
         assert_eq!(sample(&text, "gpuscale_pending_mig_instances{profile=\"3g.20gb\"}"), None);
         assert_eq!(sample(&text, "gpuscale_nodes{group=\"h100\",state=\"ready\"}"), None);
+        assert_eq!(sample(&text, "gpuscale_provisioning_requests{state=\"scalingUp\"}"), Some(0.0));
         assert_eq!(sample(&text, "gpuscale_pending_whole_gpus"), Some(0.0));
         assert_eq!(sample(&text, "gpuscale_loop_duration_seconds_count"), Some(2.0));
     }

@@ -34,6 +34,8 @@ pub mod live;
 #[cfg(feature = "controller")]
 pub mod providers;
 #[cfg(feature = "controller")]
+pub mod provisioning;
+#[cfg(feature = "controller")]
 pub mod readiness;
 #[cfg(feature = "controller")]
 pub mod reconcile;
@@ -88,6 +90,14 @@ mod observer {
         fn leadership(&self, _leader: bool) {}
         /// The node groups as the clouds report them, before each plan.
         fn groups_refreshed(&self, _groups: &[crate::model::NodeGroup]) {}
+        /// A ProvisioningRequest (`namespace/name`, its uid) was given `condition`.
+        fn request_condition(
+            &self,
+            _request: &str,
+            _uid: Option<&str>,
+            _condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+        ) {
+        }
     }
 
     /// Ignores everything.
@@ -195,5 +205,13 @@ impl Observer for Observers {
     }
     fn groups_refreshed(&self, groups: &[crate::model::NodeGroup]) {
         self.0.iter().for_each(|o| o.groups_refreshed(groups));
+    }
+    fn request_condition(
+        &self,
+        request: &str,
+        uid: Option<&str>,
+        condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    ) {
+        self.0.iter().for_each(|o| o.request_condition(request, uid, condition));
     }
 }

@@ -108,4 +108,12 @@ impl Observer for StatusObserver {
     fn groups_refreshed(&self, groups: &[NodeGroup]) {
         *self.groups.lock().unwrap_or_else(|e| e.into_inner()) = groups.to_vec();
     }
+    fn request_condition(
+        &self,
+        request: &str,
+        uid: Option<&str>,
+        condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    ) {
+        self.handle.request_condition(request, uid, condition);
+    }
 }

@@ -24,9 +24,9 @@ const fn rule(
     Rule { api_groups, resources, verbs }
 }
 
-/// What the controller needs cluster-wide (ClusterRole): watch nodes, pods, PDBs, pod groups and
-/// DRA objects;
-/// cordon (patch) and delete nodes; evict pods; record events in both event APIs.
+/// What the controller needs cluster-wide (ClusterRole): watch nodes, pods, PDBs, pod groups, DRA
+/// objects, ProvisioningRequests and PodTemplates; cordon (patch) and delete nodes; evict pods;
+/// answer ProvisioningRequests (status); record events in both event APIs.
 pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
     rule(&[""], &["nodes"], &["get", "list", "watch", "update", "delete"]),
     rule(&[""], &["pods"], &["get", "list", "watch"]),
@@ -40,6 +40,10 @@ pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
         &["deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates"],
         &["list", "watch"],
     ),
+    // ProvisioningRequests and the PodTemplates they name; their conditions are the answer.
+    rule(&["autoscaling.x-k8s.io"], &["provisioningrequests"], &["list", "watch"]),
+    rule(&["autoscaling.x-k8s.io"], &["provisioningrequests/status"], &["patch"]),
+    rule(&[""], &["podtemplates"], &["list", "watch"]),
     rule(&[""], &["events"], &["create", "patch"]),
     rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
 ];

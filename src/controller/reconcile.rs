@@ -24,7 +24,7 @@ use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplate};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
@@ -178,6 +178,14 @@ struct Stores {
     pod_groups: Option<Store<DynamicObject>>,
     /// Dynamic Resource Allocation objects, where `resource.k8s.io/v1` is served.
     dra: Option<DraStores>,
+    /// ProvisioningRequests and the PodTemplates they name, where their CRD is installed.
+    provisioning: Option<ProvisioningStores>,
+}
+
+/// What Kueue (or anyone) asks capacity for before it creates pods.
+struct ProvisioningStores {
+    requests: Store<DynamicObject>,
+    templates: Store<PodTemplate>,
 }
 
 /// What DRA pods ask (claims, templates) and nodes offer (slices), and the classes both name.
@@ -325,6 +333,7 @@ impl Controller {
             classes: class_w.as_reader(),
             pod_groups: None,
             dra: None,
+            provisioning: None,
         };
         // What the loop cannot work without: refused is an RBAC fault, not served an old server;
         // both stop the controller with the reason instead of a silent retry loop.
@@ -477,6 +486,31 @@ impl Controller {
         } else {
             tracing::info!("resource.k8s.io/v1 not served; pods' resource claims are not planned");
         }
+        // ProvisioningRequests come with their CRD (Cluster Autoscaler's chart or Kueue's docs
+        // install it): absent, the feature is off. Installed later, it is read after a restart.
+        let ar = super::provisioning::resource();
+        let pr_api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        if may_read(&pr_api, "list provisioningrequests.autoscaling.x-k8s.io").await? {
+            if !may_read(&Api::<PodTemplate>::all(self.client.clone()), "list podtemplates").await? {
+                return Err(ControllerError::NotServed { what: "podtemplates" });
+            }
+            let (pr_w, pt_w) = (Writer::<DynamicObject>::new(ar.clone()), Writer::<PodTemplate>::default());
+            stores.provisioning =
+                Some(ProvisioningStores { requests: pr_w.as_reader(), templates: pt_w.as_reader() });
+            tasks.0.push(spawn_reflector_dyn(
+                pr_api,
+                pr_w,
+                notify.clone(),
+                "ProvisioningRequest",
+                ar,
+                |_| {},
+            ));
+            tasks.0.push(spawn_reflector(Api::all(self.client.clone()), pt_w, notify.clone(), "PodTemplate"));
+        } else {
+            tracing::info!(
+                "ProvisioningRequests (autoscaling.x-k8s.io/v1) not served; capacity requests are off"
+            );
+        }
         let ready = async {
             stores.nodes.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Node" })?;
             stores.pods.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "Pod" })?;
@@ -494,6 +528,14 @@ impl Controller {
             }
             if let Some(s) = &stores.pod_groups {
                 s.wait_until_ready().await.map_err(|_| ControllerError::NotSynced { kind: "PodGroup" })?;
+            }
+            if let Some(p) = &stores.provisioning {
+                for (store_ready, kind) in [
+                    (p.requests.wait_until_ready().await, "ProvisioningRequest"),
+                    (p.templates.wait_until_ready().await, "PodTemplate"),
+                ] {
+                    store_ready.map_err(|_| ControllerError::NotSynced { kind })?;
+                }
             }
             if let Some(d) = &stores.dra {
                 for (store_ready, kind) in [
@@ -669,6 +711,9 @@ impl Controller {
                 &d.templates.state(),
             ));
         }
+        if let Some(p) = &stores.provisioning {
+            others.extend(snapshot::provisioning_objects(&p.requests.state(), &p.templates.state()));
+        }
         let mut view = snapshot::build(
             &stores.nodes.state(),
             &stores.pods.state(),
@@ -750,7 +795,43 @@ impl Controller {
         );
         state.decide = next;
         busy |= self.execute(commands, &mut view, &groups, state, now).await?;
+        if let Some(p) = &stores.provisioning {
+            self.write_request_conditions(&plan, &p.requests, now).await?;
+        }
         Ok(busy)
+    }
+
+    /// Gives each ProvisioningRequest the conditions this plan decided (after its scale-ups were
+    /// asked for), fenced; a request changed since it was read is left to the next pass.
+    async fn write_request_conditions(
+        &self,
+        plan: &Plan,
+        requests: &Store<DynamicObject>,
+        now: Timestamp,
+    ) -> Result<(), ControllerError> {
+        if plan.provisioning_requests.is_empty() {
+            return Ok(());
+        }
+        let stored: BTreeMap<String, Arc<DynamicObject>> =
+            requests.state().into_iter().map(|r| (super::provisioning::id_of(&r), r)).collect();
+        for outcome in &plan.provisioning_requests {
+            let Some(r) = stored.get(&outcome.request) else { continue };
+            let current = super::provisioning::conditions_of(r);
+            let Some(next) =
+                super::provisioning::next_conditions(outcome, &current, r.metadata.generation, now)
+            else {
+                continue;
+            };
+            let (ns, name) = outcome.request.split_once('/').unwrap_or(("default", &outcome.request));
+            let version = r.metadata.resource_version.as_deref().unwrap_or_default();
+            if self.actuator.set_request_conditions(ns, name, version, &next).await? {
+                for c in next.iter().filter(|c| !current.contains(c)) {
+                    tracing::info!(request = %outcome.request, condition = %c.type_, status = %c.status, reason = %c.reason, message = %c.message, "ProvisioningRequest condition");
+                    self.observer.request_condition(&outcome.request, r.metadata.uid.as_deref(), c);
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn remove_stuck(&self, s: &readiness::Stuck) {

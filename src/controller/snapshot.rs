@@ -10,7 +10,7 @@ use super::config::ControllerConfig;
 use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks};
 use crate::k8s::{ConversionCache, SnapshotError, SourcedObject};
 use crate::model::{ClusterSnapshot, GpuDemand};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, PodTemplate};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -116,6 +116,17 @@ pub fn dra_objects(
     sourced::<ResourceSlice>(slices, &mut out);
     sourced::<ResourceClaim>(claims, &mut out);
     sourced::<ResourceClaimTemplate>(templates, &mut out);
+    out
+}
+
+/// The stored ProvisioningRequests and PodTemplates as the conversion reads them, in identity
+/// order.
+pub fn provisioning_objects(
+    requests: &[impl AsRef<kube::api::DynamicObject>],
+    templates: &[impl AsRef<PodTemplate>],
+) -> Vec<SourcedObject> {
+    let mut out = super::provisioning::sourced(requests);
+    sourced::<PodTemplate>(templates, &mut out);
     out
 }
 

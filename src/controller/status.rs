@@ -644,6 +644,37 @@ impl StatusPublisher {
         self.node_event(node, EventType::Warning, reason::SCALE_DOWN_FAILED, "ScaleDown", note).await;
     }
 
+    /// An Event on a ProvisioningRequest whose condition changed (reason: the condition's
+    /// reason; a Warning when it failed or its capacity is not found).
+    pub async fn request_condition(
+        &self,
+        request: &str,
+        uid: Option<String>,
+        condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    ) {
+        let (ns, name) = split_pod(request);
+        let reference = ObjectReference {
+            api_version: Some(super::provisioning::API_VERSION.into()),
+            kind: Some("ProvisioningRequest".into()),
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            uid,
+            ..Default::default()
+        };
+        let warning = condition.type_ == "Failed" || condition.reason == "CapacityIsNotFound";
+        let note = format!("{}={}: {}", condition.type_, condition.status, condition.message);
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: condition.reason.clone(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Provision".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            self.failed(&format!("event {} on ProvisioningRequest {request}", condition.reason), &e);
+        }
+    }
+
     /// Reports that `node` of `group` was drained and its instance deleted: `ScaleDown` on the
     /// node, and the group's last scale-down.
     pub async fn node_deleted(&self, node: &str, group: &str) {
@@ -701,6 +732,11 @@ enum Msg {
         node: String,
         group: String,
     },
+    RequestCondition {
+        request: String,
+        uid: Option<String>,
+        condition: Box<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    },
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -757,6 +793,9 @@ impl StatusPublisher {
                         self.scale_down_failed(&node, &group, &error).await
                     }
                     Msg::NodeDeleted { node, group } => self.node_deleted(&node, &group).await,
+                    Msg::RequestCondition { request, uid, condition } => {
+                        self.request_condition(&request, uid, &condition).await
+                    }
                     Msg::Flush(done) => {
                         let _ = done.send(());
                     }
@@ -855,6 +894,20 @@ impl StatusHandle {
     /// See [`StatusPublisher::node_deleted`].
     pub fn node_deleted(&self, node: &str, group: &str) {
         self.send(Msg::NodeDeleted { node: node.into(), group: group.into() });
+    }
+
+    /// See [`StatusPublisher::request_condition`].
+    pub fn request_condition(
+        &self,
+        request: &str,
+        uid: Option<&str>,
+        condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    ) {
+        self.send(Msg::RequestCondition {
+            request: request.into(),
+            uid: uid.map(str::to_string),
+            condition: Box::new(condition.clone()),
+        });
     }
 
     /// Waits until everything queued before this call is published (tests, shutdown).

@@ -188,6 +188,25 @@ pub enum RequestState {
     Ignored,
 }
 
+impl RequestState {
+    /// Every state, for reports that show zeros.
+    pub const ALL: [RequestState; 8] = [
+        Self::Provisioned,
+        Self::Booked,
+        Self::Provisioning,
+        Self::ScalingUp,
+        Self::NotFound,
+        Self::Failed,
+        Self::BookingExpired,
+        Self::Ignored,
+    ];
+
+    /// The state as plans and metrics name it (`scalingUp`).
+    pub fn name(self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    }
+}
+
 /// What a ProvisioningRequest gets from this plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -390,12 +409,11 @@ impl Plan {
             );
         }
         for r in &self.provisioning_requests {
-            let state = serde_json::to_value(r.state).ok();
             let _ = writeln!(
                 out,
                 "PROVISIONING  {:<28} {} ({}, {} pod(s)): {}{}{}",
                 shown(&r.request),
-                state.as_ref().and_then(|s| s.as_str()).unwrap_or_default(),
+                r.state.name(),
                 shown(r.class.split('.').next().unwrap_or_default()),
                 r.pods,
                 shown(&r.message),
