@@ -5,6 +5,8 @@
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
+#[path = "support/provisioning_crd.rs"]
+mod provisioning_crd;
 
 use controlplane::{ControlPlane, Options};
 use std::collections::BTreeSet;
@@ -37,6 +39,8 @@ async fn every_example_and_fixture_object_passes_the_real_api_servers_validation
     let files = fixtures();
     assert!(files.len() >= 5, "fixtures found: {files:?}");
     let cp = ControlPlane::start(Options { scheduler: false, ..Default::default() }).await;
+    // ProvisioningRequests are checked against their CRD's schema.
+    provisioning_crd::install(&cp).await;
     let mut rejected = Vec::new();
     let mut checked = 0;
     let mut skipped = Vec::new();

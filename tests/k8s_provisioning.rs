@@ -1,7 +1,6 @@
 //! ProvisioningRequests (#24) end to end on the real control plane (etcd, kube-apiserver with RBAC
 //! and an audit log, kube-scheduler, from the official Go modules) with the ProvisioningRequest
-//! CRD as Cluster Autoscaler publishes it (the Go module `k8s.io/autoscaler/cluster-autoscaler/apis`
-//! through the module proxy). The tests play Kueue: they create the PodTemplates and the request,
+//! CRD as Cluster Autoscaler publishes it (`support/provisioning_crd.rs`). The tests play Kueue: they create the PodTemplates and the request,
 //! wait for `Provisioned=True`, then create the pods with the consume annotation. kube-scheduler,
 //! not gpuscale, binds the pods.
 
@@ -11,39 +10,20 @@ mod controlplane;
 mod fixtures;
 #[path = "support/kube_cluster.rs"]
 mod kube_cluster;
+#[path = "support/provisioning_crd.rs"]
+mod provisioning_crd;
 
 use controlplane::Options;
 use gpuscale::planner::PlannerSettings;
 use gpuscale::providers::simulated::Operation;
 use kube_cluster::{fast_config, node_name, pod_json, KubeCluster};
 use serde_json::{json, Value};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(120);
 
-/// The autoscaler's API module: its `config/crd` holds the CRD YAML (`v1` and `v1beta1`).
-const CRD_MODULE: &str = "k8s.io/autoscaler/cluster-autoscaler/apis@v0.0.0-20240830133931-adfbe7e45277";
-
 const ATOMIC: &str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io";
-
-/// The ProvisioningRequest CRD from the Go module proxy (`go mod download`); fails loudly when Go
-/// or the proxy cannot give it.
-fn crd() -> Value {
-    let out = Command::new("go")
-        .args(["mod", "download", "-json", CRD_MODULE])
-        .env("GOFLAGS", "-mod=mod")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run go (needed for the ProvisioningRequest CRD): {e}"));
-    let info: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("go mod download {CRD_MODULE}: {e}: {}", String::from_utf8_lossy(&out.stderr))
-    });
-    let dir = info["Dir"].as_str().unwrap_or_else(|| panic!("go mod download {CRD_MODULE}: {info}"));
-    let path = std::path::Path::new(dir).join("config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 const PROVIDERS: &str = r#"
 accounts:
@@ -59,17 +39,7 @@ accounts:
 /// controller reads ProvisioningRequests when their CRD is served at its start).
 async fn cluster() -> Arc<KubeCluster> {
     let c = KubeCluster::start(PROVIDERS, Options::default()).await;
-    c.create(crd()).await;
-    let path =
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/provisioningrequests.autoscaling.x-k8s.io";
-    c.wait_until(WAIT, "the ProvisioningRequest CRD established", || async {
-        c.get(path).await.is_some_and(|crd| {
-            crd["status"]["conditions"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
-        })
-    })
-    .await;
+    provisioning_crd::install(&c.cp).await;
     c
 }
 

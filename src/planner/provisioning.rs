@@ -433,11 +433,7 @@ pub(crate) fn report(
                     (
                         RequestState::ScalingUp,
                         reasons::CAPACITY_PROVISIONING,
-                        format!(
-                            "grows {} for its {} pod(s), all or nothing",
-                            groups.join(", "),
-                            r.pod_count()
-                        ),
+                        format!("new nodes for its {} pod(s), all or nothing", r.pod_count()),
                     )
                 } else if nodes.get(&ri).is_some_and(|n| n.iter().any(|(_, in_flight)| *in_flight)) {
                     (
