@@ -24,17 +24,6 @@ use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-fn set_target_calls(c: &KubeCluster) -> Vec<(u32, u32)> {
-    c.cloud
-        .operations()
-        .into_iter()
-        .filter_map(|r| match r.op {
-            Operation::SetTargetSize { from, to, error: None, .. } => Some((from, to)),
-            _ => None,
-        })
-        .collect()
-}
-
 fn deleted_instances(c: &KubeCluster) -> Vec<Vec<String>> {
     c.cloud
         .operations()
@@ -58,13 +47,6 @@ fn evictions(c: &KubeCluster, pod: &str, code: u16) -> usize {
         .count()
 }
 
-/// The node kube-scheduler bound `ml/<pod>` to, once it is Running.
-async fn running_on(c: &KubeCluster, pod: &str) -> Option<String> {
-    let p = c.pod(pod).await?;
-    (p["status"]["phase"] == "Running")
-        .then(|| p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node() {
     let c = KubeCluster::start(&l4_providers(0, 4), Options::default()).await;
@@ -77,7 +59,7 @@ async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node
     let live = c.live_instances("gpu-l4");
     assert_eq!(live.len(), 1, "one 4-GPU node holds three 1-GPU pods: {live:?}");
     for i in 0..3 {
-        assert_eq!(running_on(&c, &format!("train-{i}")).await.unwrap(), node_name(&live[0]));
+        assert_eq!(c.running_on(&format!("train-{i}")).await.unwrap(), node_name(&live[0]));
     }
     // Bound by kube-scheduler, not by anyone else.
     let binders: Vec<String> =
@@ -90,7 +72,7 @@ async fn pending_gpu_pods_scale_up_and_kube_scheduler_binds_them_on_the_new_node
     assert!(binders.iter().all(|u| u == "admin"), "kube-scheduler runs as admin: {binders:?}");
     // More passes run: in-flight and registered capacity is never scaled twice.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 1)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 1)]);
     assert_eq!(
         replica.recorder.with_prefix("scaled_up").len(),
         1,
@@ -120,13 +102,13 @@ async fn anti_affine_replicas_get_a_node_each_in_one_scale_up() {
     // plan asked for the three nodes at once.
     let mut hosts = Vec::new();
     for i in 0..3 {
-        hosts.push(running_on(&c, &format!("web-{i}")).await.unwrap());
+        hosts.push(c.running_on(&format!("web-{i}")).await.unwrap());
     }
     hosts.sort();
     hosts.dedup();
     assert_eq!(hosts.len(), 3, "{hosts:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 3)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 3)]);
     replica.shutdown().await.unwrap();
     driver.abort();
     c.assert_rbac_allowed("a");
@@ -223,7 +205,7 @@ async fn a_controller_restart_mid_drain_resumes_without_losing_pods() {
     }
     // A previous leader started draining the node and evicted web, then crashed.
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    c.wait_until(WAIT, "pods running", || async { running_on(&c, "side-2").await.is_some() }).await;
+    c.wait_until(WAIT, "pods running", || async { c.running_on("side-2").await.is_some() }).await;
     let patch = json!({
         "metadata": {"annotations": {
             DRAIN_STARTED_AT: k8s_openapi::jiff::Timestamp::now().to_string(),
@@ -274,7 +256,7 @@ async fn two_replicas_share_one_real_lease_and_only_the_leader_acts() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = c.get(lease_path).await.unwrap()["spec"]["holderIdentity"].as_str().unwrap().to_string();
     let follower = if leader == "a" { "b" } else { "a" };
-    assert_eq!(set_target_calls(&c), vec![(0, 2)], "scaled once, by the leader");
+    assert_eq!(c.set_target_calls(), vec![(0, 2)], "scaled once, by the leader");
     // The follower wrote nothing but failed Lease claims (the audit log is the server's word).
     let writes: Vec<String> = c
         .requests_of(follower)
@@ -314,7 +296,7 @@ async fn dry_run_plans_on_the_real_server_and_writes_nothing_but_its_status() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(set_target_calls(&c).is_empty(), "dry run raised a group");
+    assert!(c.set_target_calls().is_empty(), "dry run raised a group");
     let writes: Vec<String> = c
         .requests_of("a")
         .into_iter()
@@ -357,14 +339,14 @@ async fn gang_scale_up_is_all_or_nothing_on_the_real_server() {
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
-        set_target_calls(&c).is_empty(),
+        c.set_target_calls().is_empty(),
         "a gang that cannot fit whole scales nothing: {:?}",
-        set_target_calls(&c)
+        c.set_target_calls()
     );
     let (plan, _) = replica.recorder.last_plan.lock().unwrap().clone().expect("a plan");
     assert!(plan.scale_ups.is_empty(), "{plan:?}");
     for i in 0..3 {
-        assert!(running_on(&c, &format!("gang-{i}")).await.is_none());
+        assert!(c.running_on(&format!("gang-{i}")).await.is_none());
     }
     replica.shutdown().await.unwrap();
     driver.abort();
@@ -398,7 +380,7 @@ async fn a_hundred_pending_gpu_pods_are_bound_on_added_nodes() {
          (scale-ups: {:?})",
         created.as_secs_f64(),
         all_bound.as_secs_f64(),
-        set_target_calls(&c)
+        c.set_target_calls()
     );
     assert_eq!(nodes, 25, "100 one-GPU pods need 25 four-GPU nodes");
     assert!(c.group("gpu-l4").instances.iter().all(|i| i.state == InstanceState::Running), "none given up");
@@ -410,7 +392,7 @@ async fn a_hundred_pending_gpu_pods_are_bound_on_added_nodes() {
 /// The pods `<prefix>-0..n` all Running.
 async fn all_running(c: &KubeCluster, prefix: &str, n: usize) -> bool {
     for i in 0..n {
-        if running_on(c, &format!("{prefix}-{i}")).await.is_none() {
+        if c.running_on(&format!("{prefix}-{i}")).await.is_none() {
             return false;
         }
     }
@@ -427,7 +409,7 @@ async fn an_api_server_crash_mid_scale_up_with_compacted_history_neither_loses_n
     for i in 0..3 {
         c.create(pod_json("ml", &format!("train-{i}"), 1, Some("Job"), None)).await;
     }
-    c.wait_until(WAIT, "the scale-up", || async { !set_target_calls(&c).is_empty() }).await;
+    c.wait_until(WAIT, "the scale-up", || async { !c.set_target_calls().is_empty() }).await;
     // The instance boots (20 s of cloud time at 2x) while the API server is down and etcd's history
     // moves past what the controller's watches saw.
     let restarted_at = c.cp.audit().len();
@@ -438,7 +420,7 @@ async fn an_api_server_crash_mid_scale_up_with_compacted_history_neither_loses_n
     c.wait_until(WAIT, "all seven pods running", || all_running(&c, "train", 7)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        set_target_calls(&c),
+        c.set_target_calls(),
         vec![(0, 1), (1, 2)],
         "seven 1-GPU pods: two 4-GPU nodes, each asked for once"
     );
@@ -468,7 +450,7 @@ async fn a_throttling_api_server_slows_the_controller_but_it_converges() {
     }
     c.wait_until(Duration::from_secs(180), "all six pods running", || all_running(&c, "train", 6)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 2)]);
     let throttled = c.cp.audit().iter().filter(|e| e.code == 429).count();
     println!("throttled requests (429) across all clients: {throttled}");
     replica.shutdown().await.unwrap();
@@ -491,7 +473,7 @@ async fn a_gang_scales_up_at_once_and_kube_scheduler_binds_every_member() {
         c.create(gang_pod(i)).await;
     }
     c.wait_until(WAIT, "the whole gang running", || all_running(&c, "worker", 4)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 2)], "four 2-GPU workers: two 4-GPU nodes in one step");
+    assert_eq!(c.set_target_calls(), vec![(0, 2)], "four 2-GPU workers: two 4-GPU nodes in one step");
     replica.shutdown().await.unwrap();
     driver.abort();
     c.assert_rbac_allowed("a");
@@ -509,10 +491,10 @@ async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
         c.create(gang_pod(i)).await;
     }
     c.wait_until(WAIT, "the gang scale-up rolled back", || async {
-        set_target_calls(&c).last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
+        c.set_target_calls().last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
     })
     .await;
-    assert_eq!(set_target_calls(&c)[0], (0, 2));
+    assert_eq!(c.set_target_calls()[0], (0, 2));
     c.wait_until(WAIT, "the backoff reported", || async {
         !replica.recorder.with_prefix("backoff: sim/gpu-l4").is_empty()
     })
@@ -521,13 +503,13 @@ async fn a_gang_that_cannot_get_all_its_nodes_is_rolled_back() {
     assert!(failed.iter().any(|l| l.contains("not all gang instances ran")), "{failed:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        set_target_calls(&c).iter().filter(|(_, to)| *to > 0).count(),
+        c.set_target_calls().iter().filter(|(_, to)| *to > 0).count(),
         1,
         "backed off: {:?}",
-        set_target_calls(&c)
+        c.set_target_calls()
     );
     for i in 0..4 {
-        assert!(running_on(&c, &format!("worker-{i}")).await.is_none(), "no member runs alone");
+        assert!(c.running_on(&format!("worker-{i}")).await.is_none(), "no member runs alone");
     }
     replica.shutdown().await.unwrap();
     driver.abort();
@@ -542,11 +524,11 @@ async fn instances_whose_nodes_never_register_are_removed_and_the_group_backed_o
     let config = kube_cluster::ControllerConfig { registration_timeout_seconds: 2.0, ..fast_config() };
     let replica = c.controller("a", config, no_scale_down(), false).await;
     c.create(pod_json("ml", "train-0", 1, Some("Job"), None)).await;
-    c.wait_until(WAIT, "a scale-up", || async { !set_target_calls(&c).is_empty() }).await;
+    c.wait_until(WAIT, "a scale-up", || async { !c.set_target_calls().is_empty() }).await;
     c.wait_until(WAIT, "the unregistered instance deleted", || async { !deleted_instances(&c).is_empty() })
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 1)], "backed off, not grown again");
+    assert_eq!(c.set_target_calls(), vec![(0, 1)], "backed off, not grown again");
     assert_eq!(c.group("gpu-l4").target_size, 0);
     let backoffs = replica.recorder.with_prefix("backoff: sim/gpu-l4");
     assert!(backoffs.iter().any(|l| l.contains("no node registered")), "{backoffs:?}");
@@ -609,7 +591,7 @@ accounts:
     c.create(pod_json("ml", "web-2", 1, Some("ReplicaSet"), None)).await;
     c.wait_until(WAIT, "the old node deleted", || async { c.node(&old).await.is_none() }).await;
     c.wait_until(WAIT, "web-2 running on the new node", || async {
-        running_on(&c, "web-2").await.is_some_and(|n| n != old)
+        c.running_on("web-2").await.is_some_and(|n| n != old)
     })
     .await;
     let small_ops: Vec<String> = c
@@ -701,7 +683,7 @@ accounts:
         async move {
             let mut nodes = std::collections::BTreeSet::new();
             for i in 0..3 {
-                nodes.insert(running_on(c, &format!("{prefix}-{i}")).await.unwrap());
+                nodes.insert(c.running_on(&format!("{prefix}-{i}")).await.unwrap());
             }
             nodes
         }
@@ -808,11 +790,11 @@ async fn a_leads_a_gang_scale_up_that_can_only_roll_back(
         c.create(gang_pod(i)).await;
     }
     c.wait_until(WAIT, "a raised the group for the gang and recorded it", || async {
-        !set_target_calls(c).is_empty()
+        !c.set_target_calls().is_empty()
             && c.get(GANGS_PATH).await.is_some_and(|cm| cm["data"]["sim_gpu-l4"].is_string())
     })
     .await;
-    assert_eq!(set_target_calls(c), vec![(0, 2)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 2)]);
     let record: serde_json::Value =
         serde_json::from_str(c.get(GANGS_PATH).await.unwrap()["data"]["sim_gpu-l4"].as_str().unwrap())
             .unwrap();
@@ -841,7 +823,7 @@ async fn b_takes_over_and_alone_rolls_the_gang_back_once(
         c.cloud.operations()
     );
     c.wait_until(WAIT, "the gang rolled back", || async {
-        set_target_calls(c).last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
+        c.set_target_calls().last().is_some_and(|&(_, to)| to == 0) && c.live_instances("gpu-l4").is_empty()
     })
     .await;
     c.wait_until(WAIT, "the gang record removed", || async {
@@ -850,7 +832,7 @@ async fn b_takes_over_and_alone_rolls_the_gang_back_once(
     .await;
     // Past a's own gang deadline: a leader that kept acting would have rolled back by now as well.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let targets = set_target_calls(c);
+    let targets = c.set_target_calls();
     assert_eq!(targets.len(), 2, "one raise by a, one restore by b: {targets:?}");
     assert_eq!(targets[1].1, 0);
     assert_eq!(
@@ -946,12 +928,12 @@ accounts:
     c.create(dra::claim("eight", "gpu.nvidia.com", 8)).await;
     c.create(dra::pod("want8", "eight", false)).await;
 
-    c.wait_until(WAIT, "the pod running", || async { running_on(&c, "want8").await.is_some() }).await;
+    c.wait_until(WAIT, "the pod running", || async { c.running_on("want8").await.is_some() }).await;
     let live = c.live_instances("gpu-h100");
     assert_eq!(live.len(), 1, "{live:?}");
     assert!(c.live_instances("gpu-l4").is_empty());
     let node = node_name(&live[0]);
-    assert_eq!(running_on(&c, "want8").await.unwrap(), node);
+    assert_eq!(c.running_on("want8").await.unwrap(), node);
     assert_eq!(*published.lock().unwrap(), vec![node.clone()]);
     // kube-scheduler allocated the claim's eight devices on that node.
     let claim = c.get("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/eight").await.unwrap();
@@ -960,7 +942,7 @@ accounts:
     assert!(results.iter().all(|r| r["pool"] == node.as_str()), "{claim:#}");
     // More passes run: the node that waited for its slice was never scaled for twice.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 1)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 1)]);
     replica.shutdown().await.unwrap();
     driver.abort();
     dra_driver.abort();

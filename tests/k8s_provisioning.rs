@@ -15,7 +15,6 @@ mod provisioning_crd;
 
 use controlplane::Options;
 use gpuscale::planner::PlannerSettings;
-use gpuscale::providers::simulated::Operation;
 use kube_cluster::{fast_config, node_name, pod_json, KubeCluster};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -79,23 +78,6 @@ async fn has(c: &KubeCluster, request: &str, kind: &str, status: &str, reason: &
     conditions(c, request).await.iter().any(|(t, s, r)| t == kind && s == status && r == reason)
 }
 
-fn set_target_calls(c: &KubeCluster) -> Vec<(u32, u32)> {
-    c.cloud
-        .operations()
-        .into_iter()
-        .filter_map(|r| match r.op {
-            Operation::SetTargetSize { from, to, error: None, .. } => Some((from, to)),
-            _ => None,
-        })
-        .collect()
-}
-
-async fn running_on(c: &KubeCluster, pod: &str) -> Option<String> {
-    let p = c.pod(pod).await?;
-    (p["status"]["phase"] == "Running")
-        .then(|| p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
-}
-
 /// Reasons of the Events on the request.
 async fn event_reasons(c: &KubeCluster, request: &str) -> Vec<String> {
     let events = c.get("/apis/events.k8s.io/v1/namespaces/ml/events").await.unwrap_or_default();
@@ -126,7 +108,7 @@ async fn an_atomic_request_is_provisioned_once_across_a_restart_and_its_pods_bou
             && has(&c, "train-prov-1", "Provisioned", "False", "CapacityIsBeingProvisioned").await
     })
     .await;
-    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 2)]);
     // Restarted while the nodes boot (80 s simulated, 8 s here).
     for i in c.live_instances("gpu-h100") {
         let node = c.node(&node_name(&i)).await;
@@ -142,7 +124,7 @@ async fn an_atomic_request_is_provisioned_once_across_a_restart_and_its_pods_bou
         has(&c, "train-prov-1", "Provisioned", "True", "CapacityIsProvisioned").await
     })
     .await;
-    assert_eq!(set_target_calls(&c), vec![(0, 2)], "the restart must not scale again");
+    assert_eq!(c.set_target_calls(), vec![(0, 2)], "the restart must not scale again");
     let live = c.live_instances("gpu-h100");
     assert_eq!(live.len(), 2);
 
@@ -155,10 +137,10 @@ async fn an_atomic_request_is_provisioned_once_across_a_restart_and_its_pods_bou
         c.create(p).await;
     }
     c.wait_until(WAIT, "both pods running", || async {
-        running_on(&c, "train-0").await.is_some() && running_on(&c, "train-1").await.is_some()
+        c.running_on("train-0").await.is_some() && c.running_on("train-1").await.is_some()
     })
     .await;
-    let mut on = vec![running_on(&c, "train-0").await.unwrap(), running_on(&c, "train-1").await.unwrap()];
+    let mut on = vec![c.running_on("train-0").await.unwrap(), c.running_on("train-1").await.unwrap()];
     on.sort();
     let mut new_nodes: Vec<String> = live.iter().map(|i| node_name(i)).collect();
     new_nodes.sort();
@@ -168,7 +150,7 @@ async fn an_atomic_request_is_provisioned_once_across_a_restart_and_its_pods_bou
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(set_target_calls(&c), vec![(0, 2)]);
+    assert_eq!(c.set_target_calls(), vec![(0, 2)]);
     let reasons = event_reasons(&c, "train-prov-1").await;
     for want in ["CapacityIsBeingProvisioned", "CapacityIsProvisioned", "CapacityBookingConsumed"] {
         assert!(reasons.iter().any(|r| r == want), "no {want} Event on the request: {reasons:?}");

@@ -429,7 +429,7 @@ pub(crate) fn report(
             Role::Atomic => {
                 if let Some(why) = failed.get(&ri) {
                     (not_found(r), reasons::CAPACITY_NOT_FOUND, why.clone())
-                } else if let Some(groups) = grown.get(&ri) {
+                } else if grown.contains_key(&ri) {
                     (
                         RequestState::ScalingUp,
                         reasons::CAPACITY_PROVISIONING,

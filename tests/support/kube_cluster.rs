@@ -151,6 +151,27 @@ impl KubeCluster {
         self.cp.raw("POST", &collection, Some(obj)).await.unwrap_or_else(|e| panic!("create {path}: {e}"))
     }
 
+    /// The group size changes the cloud carried out, as (from, to).
+    pub fn set_target_calls(&self) -> Vec<(u32, u32)> {
+        self.cloud
+            .operations()
+            .into_iter()
+            .filter_map(|r| match r.op {
+                gpuscale::providers::simulated::Operation::SetTargetSize {
+                    from, to, error: None, ..
+                } => Some((from, to)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The node kube-scheduler bound `ml/<pod>` to, once it is Running.
+    pub async fn running_on(&self, pod: &str) -> Option<String> {
+        let p = self.pod(pod).await?;
+        (p["status"]["phase"] == "Running")
+            .then(|| p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
+    }
+
     /// The object at `path` (e.g. `/api/v1/namespaces/ml/pods/x`), if it exists.
     pub async fn get(&self, path: &str) -> Option<Value> {
         match self.cp.raw("GET", path, None).await {
