@@ -359,3 +359,24 @@ fn a_malformed_request_is_an_error_naming_object_and_field() {
     let err = gpuscale::k8s::convert(&[SourcedObject::new("cluster.json", r)]).unwrap_err().to_string();
     assert!(err.contains("spec.parameters[bookingTimeSeconds]: \"soon\""), "{err}");
 }
+
+#[test]
+fn a_pod_kueue_has_not_admitted_yet_is_gated_and_not_scaled_for() {
+    // Kueue's pod integration gates the pods of a workload until it is admitted: kube-scheduler
+    // does not try them, so neither a placement nor a scale-up is theirs yet.
+    let mut gated = pending("train-0", 8, None);
+    gated["spec"]["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/admission"}]);
+    let p = plan(&[gated.clone(), pending("other", 8, None)]);
+    assert_eq!(scale_ups(&p), vec![("h100".into(), 1, vec!["ml/other".to_string()], vec![])]);
+    assert_eq!(
+        p.unschedulable.iter().map(|u| (u.pod.as_str(), u.reason.as_str())).collect::<Vec<_>>(),
+        vec![(
+            "ml/train-0",
+            "scheduling gated (kueue.x-k8s.io/admission): kube-scheduler leaves it until its gates are removed"
+        )]
+    );
+    // Ungated (admitted): demand like any pod.
+    gated["spec"]["schedulingGates"] = json!([]);
+    let p = plan(&[gated]);
+    assert_eq!(scale_ups(&p), vec![("h100".into(), 1, vec!["ml/train-0".to_string()], vec![])]);
+}

@@ -671,6 +671,21 @@ fn use_gpu_types(value: &str) -> Vec<String> {
     models
 }
 
+/// Why a pending pod with scheduling gates is not demand: kube-scheduler does not try it until
+/// every gate is removed (Kueue gates the pods it has not admitted yet), so scaling for it would
+/// buy nodes nobody schedules onto, as Cluster Autoscaler and Karpenter also hold.
+fn scheduling_gated(spec: &k8s::PodSpec) -> Option<String> {
+    let gates = spec.scheduling_gates.as_deref().filter(|g| !g.is_empty())?;
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return None;
+    }
+    let names: Vec<&str> = gates.iter().map(|g| g.name.as_str()).collect();
+    Some(format!(
+        "scheduling gated ({}): kube-scheduler leaves it until its gates are removed",
+        names.join(", ")
+    ))
+}
+
 /// Converts a Pod; `None` for pods that no longer need resources (Succeeded, Failed).
 /// `pod_groups` maps `namespace/name` of PodGroup objects to their `minMember`.
 pub fn convert_pod(
@@ -782,7 +797,7 @@ pub fn convert_pod(
         gang_min_members,
         scheduler: spec.scheduler_name.clone().filter(|s| s != crate::model::DEFAULT_SCHEDULER),
         volumes: Vec::new(),
-        volume_blocked: None,
+        volume_blocked: scheduling_gated(spec),
         dra_claims: Vec::new(),
         gang_topology_key: annotations
             .get("gpuscale.io/gang-topology")

@@ -132,7 +132,8 @@ pub struct Workload {
     pub volumes: Vec<VolumeNeed>,
     /// Why no node can take it for its volumes (a missing claim, an unbound claim of an
     /// `Immediate` class, a `ReadWriteOncePod` claim another pod uses) or its DRA claims (a
-    /// missing ResourceClaim, template or DeviceClass), in kube-scheduler's words.
+    /// missing ResourceClaim, template or DeviceClass), in kube-scheduler's words; or why it is
+    /// not demand yet (scheduling gates, a ProvisioningRequest it waits for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_blocked: Option<String>,
     /// Its DRA ResourceClaims (`spec.resourceClaims`), resolved from claims and templates.

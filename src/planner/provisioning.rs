@@ -7,10 +7,11 @@
 //!   come yet hold their room before any pending pod is placed, are never scaled for, and keep
 //!   their nodes from scale-down;
 //! - `check-capacity`: after pending pods have taken what fits, the stand-ins must all fit Ready
-//!   nodes (in one topology domain when the template asks for one), or the request fails;
+//!   nodes (in one topology domain when the template asks for one), or it is not found (asked
+//!   again every pass; failed when it says `noRetry`);
 //! - `best-effort-atomic-scale-up`: the stand-ins are one gang, planned like pending pods (the
 //!   same placement, tenancy quotas and DRA claims), so they fit existing capacity or grow one
-//!   group all or nothing;
+//!   group all or nothing, or are not found like check-capacity;
 //! - requests past their expiry or booking, or that cannot be served (a missing PodTemplate),
 //!   are decided without placement.
 //!
@@ -31,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 pub mod reasons {
     /// The pods fit capacity that exists.
     pub const CAPACITY_FOUND: &str = "CapacityIsFound";
-    /// They do not, and no scale-up can hold them all.
+    /// They do not fit now (and, atomic, no scale-up can hold them all).
     pub const CAPACITY_NOT_FOUND: &str = "CapacityIsNotFound";
     /// atomic: the capacity grown for it is running.
     pub const CAPACITY_PROVISIONED: &str = "CapacityIsProvisioned";
