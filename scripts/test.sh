@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs and starts what the tests need (the moto AWS
 # API emulator, helm, the real Kubernetes control plane — etcd, kube-apiserver, kube-scheduler —
-# built from the official Go modules and cached under target/k8s/, and umoci and skopeo), then runs
+# built from the official Go modules and cached under target/k8s/, Kueue's manager likewise under
+# target/kueue/, and umoci and skopeo), then runs
 # formatting and lint checks, every test with every cargo feature, and the container image test.
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
@@ -45,6 +46,12 @@ command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq 
 GPUSCALE_K8S_BIN="$(scripts/k8s-controlplane.sh)" || { echo "test.sh: the Kubernetes control plane could not be built" >&2; exit 1; }
 export GPUSCALE_K8S_BIN
 echo "test.sh: kube-apiserver, kube-scheduler and etcd in $GPUSCALE_K8S_BIN" >&2
+# Kueue's manager for the test of its ProvisioningRequest admission check (tests/k8s_kueue.rs),
+# built from the Go module proxy and cached under target/kueue/ like the control plane.
+command -v unshare >/dev/null || { apt-get update -qq && apt-get install -y -qq util-linux >/dev/null; }
+GPUSCALE_KUEUE_BIN="$(scripts/kueue.sh)" || { echo "test.sh: Kueue could not be built" >&2; exit 1; }
+export GPUSCALE_KUEUE_BIN
+echo "test.sh: Kueue at $GPUSCALE_KUEUE_BIN" >&2
 
 # The container image test (scripts/test-image.sh) assembles the image with Debian's umoci and
 # skopeo; where they cannot be installed it is skipped with a loud message.

@@ -375,6 +375,16 @@ fn a_pod_kueue_has_not_admitted_yet_is_gated_and_not_scaled_for() {
             "scheduling gated (kueue.x-k8s.io/admission): kube-scheduler leaves it until its gates are removed"
         )]
     );
+    // Kueue's PodTemplates copy the pod, gate included: the request plans the pods as they will
+    // be once admitted.
+    let mut template = pod_template("ppt-train-prov-1-workers", 8);
+    template["template"]["spec"]["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/admission"}]);
+    let p = plan(&[
+        template,
+        request("train-prov-1", ATOMIC, &[("ppt-train-prov-1-workers", 1)], json!([])),
+        gated.clone(),
+    ]);
+    assert_eq!(scale_ups(&p), vec![("h100".into(), 1, vec![], vec!["ml/train-prov-1".into()])]);
     // Ungated (admitted): demand like any pod.
     gated["spec"]["schedulingGates"] = json!([]);
     let p = plan(&[gated]);

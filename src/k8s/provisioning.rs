@@ -245,9 +245,12 @@ fn convert_request(
         meta.namespace = Some(namespace.clone());
         meta.name = Some(name.clone());
         meta.creation_timestamp = r.metadata.creation_timestamp.clone();
+        // The pods to come, as they will be once admitted: Kueue copies its pods' templates,
+        // gates included, and lifts the gates when the request is provisioned.
+        let spec = t.spec.map(|s| core::PodSpec { scheduling_gates: None, node_name: None, ..s });
         let pod = core::Pod {
             metadata: meta,
-            spec: t.spec,
+            spec,
             status: Some(core::PodStatus { phase: Some("Pending".into()), ..Default::default() }),
         };
         let template_origin = format!("{origin} (PodTemplate {namespace}/{name})");
