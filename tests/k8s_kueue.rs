@@ -112,24 +112,11 @@ fn free_port() -> u16 {
 /// Installs Kueue's CRDs and starts its manager as the cluster admin, pod integration only.
 async fn start_kueue(c: &KubeCluster) -> Kueue {
     let bases = kueue_module().join("config/components/crd/bases");
-    let mut names = Vec::new();
     for e in std::fs::read_dir(&bases).unwrap_or_else(|e| panic!("{}: {e}", bases.display())) {
         let path = e.unwrap().path();
         let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        names.push(crd["metadata"]["name"].as_str().unwrap().to_string());
-        c.cp.apply(crd).await;
-    }
-    for name in &names {
-        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
-        c.wait_until(WAIT, &format!("CRD {name} established"), || async {
-            c.get(&path).await.is_some_and(|crd| {
-                crd["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
-            })
-        })
-        .await;
+        provisioning_crd::install_crd(&c.cp, crd).await;
     }
     c.cp.ensure_namespace("kueue-system").await;
     let dir = c.cp.dir().join("kueue");

@@ -46,11 +46,7 @@ pub fn sourced(requests: &[impl AsRef<DynamicObject>]) -> Vec<SourcedObject> {
 
 /// `namespace/name` of a stored request.
 pub fn id_of(r: &DynamicObject) -> String {
-    format!(
-        "{}/{}",
-        r.metadata.namespace.as_deref().unwrap_or("default"),
-        r.metadata.name.as_deref().unwrap_or_default()
-    )
+    crate::k8s::provisioning::namespaced_id(&r.metadata)
 }
 
 /// A request's current conditions (none when its status is empty or unreadable).

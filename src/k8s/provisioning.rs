@@ -100,14 +100,16 @@ pub struct ProvisioningRequestStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// `namespace/name` of a namespaced object (`default` when the namespace is left out), as
+/// requests, their templates and the pods consuming them name each other.
+pub fn namespaced_id(meta: &ObjectMeta) -> String {
+    format!("{}/{}", meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
+}
+
 impl ProvisioningRequestObject {
     /// `namespace/name`.
     pub fn id(&self) -> String {
-        format!(
-            "{}/{}",
-            self.metadata.namespace.as_deref().unwrap_or("default"),
-            self.metadata.name.as_deref().unwrap_or_default()
-        )
+        namespaced_id(&self.metadata)
     }
 
     /// The condition of this type, when present.
@@ -133,12 +135,7 @@ impl Requests {
     }
 
     pub fn add_template(&mut self, t: core::PodTemplate) {
-        let key = format!(
-            "{}/{}",
-            t.metadata.namespace.as_deref().unwrap_or("default"),
-            t.metadata.name.as_deref().unwrap_or_default()
-        );
-        self.templates.insert(key, t);
+        self.templates.insert(namespaced_id(&t.metadata), t);
     }
 
     /// The requests, in identity order. Malformed specs are errors naming the field; a missing

@@ -30,22 +30,24 @@ pub fn crd() -> Value {
 
 /// Installs the CRD on `cp` and waits until it is established (served).
 pub async fn install(cp: &ControlPlane) {
-    cp.apply(crd()).await;
-    let path =
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/provisioningrequests.autoscaling.x-k8s.io";
+    install_crd(cp, crd()).await;
+}
+
+/// Applies `crd` on `cp` and waits until it is established (served).
+pub async fn install_crd(cp: &ControlPlane, crd: Value) {
+    let name = crd["metadata"]["name"].as_str().expect("a CRD name").to_string();
+    cp.apply(crd).await;
+    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
     let began = Instant::now();
     loop {
-        let crd = cp.raw("GET", path, None).await.unwrap_or_default();
+        let crd = cp.raw("GET", &path, None).await.unwrap_or_default();
         let established = crd["status"]["conditions"]
             .as_array()
             .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
         if established {
             return;
         }
-        assert!(
-            began.elapsed() < Duration::from_secs(60),
-            "the ProvisioningRequest CRD was not established: {crd}"
-        );
+        assert!(began.elapsed() < Duration::from_secs(60), "CRD {name} was not established: {crd}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
