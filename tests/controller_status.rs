@@ -454,3 +454,51 @@ async fn an_unchanged_not_triggered_event_is_not_published_again_next_loop() {
     assert_eq!(event_writes(), 3);
     assert_all_allowed(&server);
 }
+
+/// The publisher writes only while its replica leads: what a deposed leader still has queued
+/// (events, ConfigMaps) is dropped, not written over its successor's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_writes_no_events_or_configmaps() {
+    use gpuscale::controller::leader::Fence;
+    let server = cluster().await;
+    let (status, task) = StatusPublisher::new(server.client(), NS, "gpuscale-1").spawn();
+    let (claim, fence) = Fence::channel();
+    claim.send_replace(Some(tokio::time::Instant::now() + std::time::Duration::from_secs(60)));
+    status.set_fence(fence);
+    let groups = vec![group(H100, 1)];
+    let writes = || {
+        server
+            .requests()
+            .into_iter()
+            .filter(|r| matches!(r.method.as_str(), "POST" | "PATCH" | "PUT"))
+            .count()
+    };
+    status.begin_loop();
+    status.scale_up(H100, 1, 2, &["ml/train-0".to_string()]);
+    status.publish_plan(&plan(), &groups, None, false);
+    status.flush().await;
+    one_event(&server, "ml", "train-0", "TriggeredScaleUp");
+    assert!(server.get("configmap", NS, STATUS_CONFIGMAP).is_some(), "the leader writes its status");
+    let while_leading = writes();
+
+    // Leadership lost; the loop had queued more before it noticed.
+    claim.send_replace(None);
+    status.begin_loop();
+    status.scale_up(H100, 2, 3, &["ml/train-1".to_string()]);
+    status.preempted("ml/web", "gpu-1", "ml/huge", "reclaim");
+    status.node_deleted("gpu-1", H100);
+    status.publish_plan(&Plan::default(), &groups, None, false);
+    status.flush().await;
+    assert_eq!(writes(), while_leading, "no write once the lease is lost: {:#?}", server.requests());
+    let d = data(&server, "gpuscale-status-gpu-h100");
+    assert_ne!(text(&d, "lastScaleUpReason"), "2->3 for 1 pending pod(s)");
+
+    // Leading again (a new term), it writes again.
+    claim.send_replace(Some(tokio::time::Instant::now() + std::time::Duration::from_secs(60)));
+    status.begin_loop();
+    status.preempted("ml/web", "gpu-1", "ml/huge", "reclaim");
+    status.flush().await;
+    one_event(&server, "ml", "web", "Preempted");
+    drop(status);
+    task.await.expect("status task");
+}

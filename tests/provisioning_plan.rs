@@ -390,3 +390,20 @@ fn a_pod_kueue_has_not_admitted_yet_is_gated_and_not_scaled_for() {
     let p = plan(&[gated]);
     assert_eq!(scale_ups(&p), vec![("h100".into(), 1, vec!["ml/train-0".to_string()], vec![])]);
 }
+
+/// A pending pod being deleted (`metadata.deletionTimestamp`) is no demand: kube-scheduler skips
+/// it, and scaling for it would buy a node nobody uses.
+#[test]
+fn a_pending_pod_being_deleted_is_not_scaled_for() {
+    let mut going = pending("train-0", 8, None);
+    going["metadata"]["deletionTimestamp"] = json!("2026-12-05T10:00:00Z");
+    let p = plan(&[going.clone(), pending("other", 8, None)]);
+    assert_eq!(scale_ups(&p), vec![("h100".into(), 1, vec!["ml/other".to_string()], vec![])]);
+    assert_eq!(
+        p.unschedulable.iter().map(|u| (u.pod.as_str(), u.reason.as_str())).collect::<Vec<_>>(),
+        vec![(
+            "ml/train-0",
+            "being deleted (metadata.deletionTimestamp is set): kube-scheduler does not schedule it"
+        )]
+    );
+}

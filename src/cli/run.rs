@@ -106,6 +106,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Arc::new(StatusObserver::new(status.clone())),
         ];
         let controller = Controller::new(client, Arc::new(set), options, Arc::new(Observers(observers)));
+        status.set_fence(controller.fence());
         tokio::spawn(async move {
             shutdown_signal().await;
             tracing::info!("shutting down");

@@ -84,6 +84,8 @@ mod observer {
         fn eviction_blocked(&self, pod: &str, node: &str, reason: &str);
         /// A group is kept out of scale-ups for a while.
         fn backoff(&self, group: &str, reason: &str);
+        /// `victim` was evicted from `node` so that the pending `preemptor` fits there.
+        fn preempted(&self, _victim: &str, _node: &str, _preemptor: &str, _reason: &str) {}
         /// The reflector caches hold the whole cluster (readiness).
         fn caches_synced(&self) {}
         /// This replica became (or stopped being) the leader.
@@ -158,6 +160,9 @@ mod observer {
         fn backoff(&self, group: &str, reason: &str) {
             tracing::warn!(group, reason, "group backed off");
         }
+        fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
+            tracing::info!(victim, node, preemptor, reason, "preempted");
+        }
     }
 }
 
@@ -196,6 +201,9 @@ impl Observer for Observers {
     }
     fn backoff(&self, group: &str, reason: &str) {
         self.0.iter().for_each(|o| o.backoff(group, reason));
+    }
+    fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
+        self.0.iter().for_each(|o| o.preempted(victim, node, preemptor, reason));
     }
     fn caches_synced(&self) {
         self.0.iter().for_each(|o| o.caches_synced());

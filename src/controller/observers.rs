@@ -105,6 +105,9 @@ impl Observer for StatusObserver {
     fn backoff(&self, _group: &str, _reason: &str) {
         // The backoff's end is the provider's; the `ScaleUpFailed` event already says why.
     }
+    fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
+        self.handle.preempted(victim, node, preemptor, reason);
+    }
     fn groups_refreshed(&self, groups: &[NodeGroup]) {
         *self.groups.lock().unwrap_or_else(|e| e.into_inner()) = groups.to_vec();
     }

@@ -311,6 +311,11 @@ impl Controller {
         Self { client, providers, options, observer, actuator, fence, claim: Some(claim) }
     }
 
+    /// This controller's leadership, for the tasks beside it that write (the status publisher).
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+
     /// Runs until `shutdown` turns true. Dropping the future stops everything it started (as a
     /// crash would); a clean shutdown also releases the Lease.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), ControllerError> {
@@ -1060,6 +1065,23 @@ impl Controller {
                         view.drains.insert(node, marks);
                     }
                 }
+                Command::Preempt { pod, node, victims, reason } => {
+                    for id in &victims {
+                        if !self.leading() {
+                            return Ok(true);
+                        }
+                        self.evict_once(id, &node, state, |e| match e {
+                            Eviction::Evicted => self.observer.preempted(id, &node, &pod, &reason),
+                            Eviction::Refused(message) => self.observer.eviction_blocked(
+                                id,
+                                &node,
+                                &format!("preemption for {pod} refused (429), retrying later: {message}"),
+                            ),
+                            Eviction::Gone => {}
+                        })
+                        .await;
+                    }
+                }
                 Command::AdvanceDrain { node, wanted } => {
                     let Some(marks) = view.drains.get(&node).cloned() else { continue };
                     let pods = view.pods_by_node.get(&node).cloned().unwrap_or_default();
@@ -1070,32 +1092,20 @@ impl Controller {
                     if !step.evict.is_empty() && !marks.evicted {
                         self.actuator.mark_evicting(&node).await?;
                     }
-                    state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
                     for id in &step.evict {
                         if !self.leading() {
                             return Ok(true);
                         }
-                        if state.evicted_at.contains_key(id) {
-                            continue; // evicted already; its deletion has not reached the store yet
-                        }
-                        let (ns, name) = id.split_once('/').unwrap_or(("default", id));
-                        match self.actuator.evict(ns, name).await {
-                            Ok(Eviction::Evicted) => {
-                                tracing::info!(pod = %id, %node, "evicted");
-                                state.evicted_at.insert(id.clone(), Instant::now());
-                            }
-                            Ok(Eviction::Gone) => {}
-                            Ok(Eviction::Refused(message)) => self.observer.eviction_blocked(
+                        self.evict_once(id, &node, state, |e| match e {
+                            Eviction::Evicted => tracing::info!(pod = %id, %node, "evicted"),
+                            Eviction::Refused(message) => self.observer.eviction_blocked(
                                 id,
                                 &node,
                                 &format!("eviction refused (429), retrying later: {message}"),
                             ),
-                            // One failed eviction does not hold up the others; the next pass
-                            // retries it.
-                            Err(e) => {
-                                tracing::warn!(error = %e, "eviction failed; retrying at the next pass")
-                            }
-                        }
+                            Eviction::Gone => {}
+                        })
+                        .await;
                     }
                     match step.outcome {
                         DrainOutcome::Continue => {}
@@ -1109,6 +1119,29 @@ impl Controller {
             }
         }
         Ok(!view.drains.is_empty() || !view.replacing.is_empty() || !state.decide.unneeded_since.is_empty())
+    }
+
+    /// Evicts pod `id` (`namespace/name`) from `node` through the Eviction API (fenced by the
+    /// actuator) unless this process evicted it moments ago and its deletion has not reached the
+    /// store yet; `outcome` hears how it went. One failed eviction does not hold up the others:
+    /// the next pass retries it.
+    async fn evict_once(&self, id: &str, node: &str, state: &mut LoopState, outcome: impl FnOnce(Eviction)) {
+        state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
+        if state.evicted_at.contains_key(id) {
+            return;
+        }
+        let (ns, name) = id.split_once('/').unwrap_or(("default", id));
+        match self.actuator.evict(ns, name).await {
+            Ok(e) => {
+                if e == Eviction::Evicted {
+                    state.evicted_at.insert(id.to_string(), Instant::now());
+                }
+                outcome(e);
+            }
+            Err(e) => {
+                tracing::warn!(pod = id, node, error = %e, "eviction failed; retrying at the next pass")
+            }
+        }
     }
 
     /// Deletes a drained node's instance from its group, then the Node.
@@ -1319,6 +1352,7 @@ mod tests {
                         }
                         Command::ReraiseReplacement { node, .. } => format!("reraise {node}"),
                         Command::GiveUpReplacement { node, .. } => format!("give up {node}"),
+                        Command::Preempt { pod, .. } => format!("preempt for {pod}"),
                     })
                     .collect()
             })

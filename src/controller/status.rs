@@ -28,6 +28,7 @@
 //! lands on the controller's own pod.
 
 use super::health::{Health, STATUS_FAILURES_UNREADY};
+use super::leader::Fence;
 use super::metrics::Metrics;
 use crate::model::{dollars, ClusterSnapshot, NodeGroup, NodeState};
 use crate::planner::cluster::group_of;
@@ -73,6 +74,8 @@ pub mod reason {
     pub const SCALE_DOWN_FAILED: &str = "ScaleDownFailed";
     /// The cloud refused a scale-up.
     pub const SCALE_UP_FAILED: &str = "ScaleUpFailed";
+    /// A pod was evicted so that a pending pod fits (tenancy preemption; kube-scheduler's word).
+    pub const PREEMPTED: &str = "Preempted";
     /// Status ConfigMaps keep failing to be written (on the controller's pod).
     pub const STATUS_WRITE_FAILED: &str = "StatusWriteFailed";
 }
@@ -173,6 +176,10 @@ pub struct StatusPublisher {
     health: Option<Arc<Health>>,
     dry_run: AtomicBool,
     memory: Mutex<Memory>,
+    /// The controller's leadership: outside dry runs nothing is written without it, so that a
+    /// deposed leader's queued Events and ConfigMaps do not overwrite its successor's. `None`:
+    /// unfenced (the publisher is used without an elector).
+    fence: Mutex<Option<Fence>>,
 }
 
 /// The cluster-wide status document (`gpuscale-status` ConfigMap, key `status.yaml`).
@@ -266,7 +273,26 @@ impl StatusPublisher {
             health: None,
             dry_run: AtomicBool::new(false),
             memory: Mutex::new(Memory::default()),
+            fence: Mutex::new(None),
         }
+    }
+
+    /// Writes only while `fence` holds (dry runs aside, whose ConfigMaps are their own).
+    pub fn set_fence(&self, fence: Fence) {
+        *self.fence.lock().unwrap_or_else(|p| p.into_inner()) = Some(fence);
+    }
+
+    /// Whether a write may be issued now; logs the one that may not.
+    fn may_write(&self, what: &str) -> bool {
+        if self.is_dry_run() {
+            return true;
+        }
+        let fence = self.fence.lock().unwrap_or_else(|p| p.into_inner());
+        let holds = fence.as_ref().is_none_or(Fence::holds);
+        if !holds {
+            tracing::debug!("status: {what} not written: this replica does not lead any more");
+        }
+        holds
     }
 
     /// Counts publishing failures in `metrics` (`errors_total{kind="status"}`).
@@ -371,7 +397,9 @@ impl StatusPublisher {
             name.to_string(),
             reason.to_string(),
         );
-        if !self.memory().published.insert(key) {
+        if !self.may_write(&format!("event {reason} on {kind} {name}"))
+            || !self.memory().published.insert(key)
+        {
             return;
         }
         let reference = self.reference(kind, namespace, name).await;
@@ -534,6 +562,9 @@ impl StatusPublisher {
             data: Some(data),
             ..Default::default()
         };
+        if !self.may_write(&format!("ConfigMap {}/{name}", self.namespace)) {
+            return;
+        }
         let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let result = api.patch(name, &params, &Patch::Apply(&cm)).await;
@@ -638,6 +669,13 @@ impl StatusPublisher {
         self.pod_event(pod, EventType::Warning, reason::SCALE_DOWN_FAILED, "Evict", note).await;
     }
 
+    /// Reports that `victim` was evicted from `node` for the pending `preemptor`: `Preempted` on
+    /// the victim, as kube-scheduler's preemption says it.
+    pub async fn preempted(&self, victim: &str, node: &str, preemptor: &str, why: &str) {
+        let note = format!("preempted on node {node} so that pending pod {preemptor} fits: {why}");
+        self.pod_event(victim, EventType::Normal, reason::PREEMPTED, "Preempt", note).await;
+    }
+
     /// Reports that removing `node` failed: a `ScaleDownFailed` warning on the node.
     pub async fn scale_down_failed(&self, node: &str, group: &str, error: &str) {
         let note = format!("removing node from group {group} failed: {error}");
@@ -728,6 +766,12 @@ enum Msg {
         group: String,
         error: String,
     },
+    Preempted {
+        victim: String,
+        node: String,
+        preemptor: String,
+        why: String,
+    },
     NodeDeleted {
         node: String,
         group: String,
@@ -737,6 +781,7 @@ enum Msg {
         uid: Option<String>,
         condition: Box<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     },
+    Fence(Fence),
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -793,9 +838,13 @@ impl StatusPublisher {
                         self.scale_down_failed(&node, &group, &error).await
                     }
                     Msg::NodeDeleted { node, group } => self.node_deleted(&node, &group).await,
+                    Msg::Preempted { victim, node, preemptor, why } => {
+                        self.preempted(&victim, &node, &preemptor, &why).await
+                    }
                     Msg::RequestCondition { request, uid, condition } => {
                         self.request_condition(&request, uid, &condition).await
                     }
+                    Msg::Fence(fence) => self.set_fence(fence),
                     Msg::Flush(done) => {
                         let _ = done.send(());
                     }
@@ -819,6 +868,11 @@ impl StatusHandle {
             m.error("status_dropped");
         }
         false
+    }
+
+    /// See [`StatusPublisher::set_fence`]; calls queued before it are published unfenced.
+    pub fn set_fence(&self, fence: Fence) {
+        self.send(Msg::Fence(fence));
     }
 
     /// See [`StatusPublisher::begin_loop`].
@@ -889,6 +943,16 @@ impl StatusHandle {
     /// See [`StatusPublisher::scale_down_failed`].
     pub fn scale_down_failed(&self, node: &str, group: &str, error: &str) {
         self.send(Msg::ScaleDownFailed { node: node.into(), group: group.into(), error: error.into() });
+    }
+
+    /// See [`StatusPublisher::preempted`].
+    pub fn preempted(&self, victim: &str, node: &str, preemptor: &str, why: &str) {
+        self.send(Msg::Preempted {
+            victim: victim.into(),
+            node: node.into(),
+            preemptor: preemptor.into(),
+            why: why.into(),
+        });
     }
 
     /// See [`StatusPublisher::node_deleted`].

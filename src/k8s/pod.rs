@@ -686,6 +686,18 @@ fn scheduling_gated(spec: &k8s::PodSpec) -> Option<String> {
     ))
 }
 
+/// A pending pod being deleted is not demand: kube-scheduler skips it (`skipPodSchedule`).
+fn being_deleted(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &k8s::PodSpec,
+) -> Option<String> {
+    meta.deletion_timestamp.as_ref()?;
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return None;
+    }
+    Some("being deleted (metadata.deletionTimestamp is set): kube-scheduler does not schedule it".into())
+}
+
 /// Converts a Pod; `None` for pods that no longer need resources (Succeeded, Failed).
 /// `pod_groups` maps `namespace/name` of PodGroup objects to their `minMember`.
 pub fn convert_pod(
@@ -797,7 +809,7 @@ pub fn convert_pod(
         gang_min_members,
         scheduler: spec.scheduler_name.clone().filter(|s| s != crate::model::DEFAULT_SCHEDULER),
         volumes: Vec::new(),
-        volume_blocked: scheduling_gated(spec),
+        volume_blocked: scheduling_gated(spec).or_else(|| being_deleted(meta, spec)),
         dra_claims: Vec::new(),
         gang_topology_key: annotations
             .get("gpuscale.io/gang-topology")
@@ -835,6 +847,7 @@ pub fn convert_pod(
             .get(crate::model::provisioning::CONSUME_ANNOTATION)
             .or_else(|| annotations.get(crate::model::provisioning::CONSUME_ANNOTATION_LEGACY))
             .map(|r| format!("{namespace}/{r}")),
+        terminating: meta.deletion_timestamp.is_some(),
     };
     Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

@@ -209,6 +209,11 @@ pub struct Workload {
     /// (`autoscaling.x-k8s.io/consume-provisioning-request`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumes: Option<String>,
+    /// The pod is being deleted (`metadata.deletionTimestamp`): it holds its room until it is
+    /// gone, is nobody's preemption victim again, and a preemption onto its node waits for it
+    /// (kube-scheduler's rule for nominated nodes with terminating pods).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminating: bool,
 }
 
 /// Node labels a PersistentVolume's zone and region are read from (VolumeZone's list).

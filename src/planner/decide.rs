@@ -130,6 +130,19 @@ pub enum Command {
         /// Target to raise to.
         target: u32,
     },
+    /// Evict `victims` so that the pending `pod` fits `node` (tenancy: reclaiming lent quota, or
+    /// a higher priority where eviction beats a scale-up). kube-scheduler binds the pod once they
+    /// are gone.
+    Preempt {
+        /// Pending pod `namespace/name`.
+        pod: String,
+        /// Node it fits once the victims are gone.
+        node: String,
+        /// Pods to evict, `namespace/name`.
+        victims: Vec<String>,
+        /// Why.
+        reason: String,
+    },
     /// Give a replacement up and keep the node (the replacement did not come in time, or its
     /// group is gone).
     GiveUpReplacement {
@@ -167,6 +180,24 @@ pub fn decide(
             pods: su.pods.clone(),
             // ProvisioningRequests are served all or nothing, like gangs.
             gang: !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str())),
+        });
+    }
+
+    // Preemptions. One onto a node where a pod is still terminating waits for it: that pod may
+    // be an earlier preemption's victim whose room is not free yet, and evicting more now would
+    // evict twice for one pod (kube-scheduler's `PodEligibleToPreemptOthers`). Nothing to
+    // remember: a restart or a new leader sees the same terminating pods.
+    let terminating: BTreeSet<&str> =
+        snapshot.workloads.iter().filter(|w| w.terminating).filter_map(|w| w.node_name.as_deref()).collect();
+    for p in &plan.preemptions {
+        if terminating.contains(p.node.as_str()) {
+            continue;
+        }
+        out.push(Command::Preempt {
+            pod: p.pod.clone(),
+            node: p.node.clone(),
+            victims: p.victims.clone(),
+            reason: p.reason.clone(),
         });
     }
 
@@ -506,5 +537,39 @@ mod tests {
                 (610, Command::AdvanceDrain { node: "dear-1".into(), wanted: true }),
             ]
         );
+    }
+
+    /// A planned preemption is carried out at once, unless a pod on its node is still
+    /// terminating (an earlier eviction's room is not free yet): then it waits, and a restart
+    /// changes nothing, since the terminating pod is in the snapshot.
+    #[test]
+    fn a_preemption_waits_for_pods_terminating_on_its_node() {
+        let (mut snapshot, groups) = world(&[]);
+        let plan = Plan {
+            preemptions: vec![crate::planner::Preempt {
+                pod: "ml/claim".into(),
+                node: "dear-1".into(),
+                victims: vec!["default/p".into()],
+                reason: "reclaim".into(),
+                alternative_cost: None,
+            }],
+            ..Default::default()
+        };
+        let (commands, _) = script(&[(0, plan.clone())], &snapshot, &groups);
+        let want = Command::Preempt {
+            pod: "ml/claim".into(),
+            node: "dear-1".into(),
+            victims: vec!["default/p".into()],
+            reason: "reclaim".into(),
+        };
+        assert_eq!(commands, vec![(0, want)]);
+        snapshot.workloads.push(Workload {
+            id: "default/going".into(),
+            node_name: Some("dear-1".into()),
+            terminating: true,
+            ..Default::default()
+        });
+        let (commands, _) = script(&[(0, plan.clone()), (10, plan)], &snapshot, &groups);
+        assert!(commands.is_empty(), "{commands:?}");
     }
 }

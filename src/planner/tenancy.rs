@@ -6,11 +6,13 @@ use super::plan::{Preempt, Unschedulable};
 use super::scale_up::template_fit;
 use super::{PlanInput, Unit};
 use crate::model::{dollars, ClusterSnapshot, MicroDollarsPerHour, NodeGroup, OwnerKind, Workload};
+use crate::scheduler::placer::ShapeKey;
 use crate::scheduler::{Placement, Placer};
 use crate::tenancy::fair_share::{self, Claim};
 use crate::tenancy::preemption::{self, Choice, Claimant, RunningPod};
 use crate::tenancy::quota::{add, usage_of, Admission, Ledger, Tenants, Usage};
 use crate::tenancy::{ResourceKind, TenancyConfig};
+use std::collections::HashSet;
 
 fn usd(micro: MicroDollarsPerHour) -> String {
     format!("${:.2}/h", micro as f64 / dollars(1.0) as f64)
@@ -28,6 +30,13 @@ pub(crate) struct Gate {
     pub now: i64,
     /// Spend per tenant (existing share of nodes plus planned scale-ups).
     spend: Vec<MicroDollarsPerHour>,
+    /// Preemption searches that found nothing since the last eviction planned: a pod of the same
+    /// shape, tenant and priority finds nothing either until something changes. Without it a
+    /// queue of thousands of pods costs thousands of searches over every running pod.
+    fruitless: HashSet<(ShapeKey, Option<usize>, i32, bool)>,
+    /// The running pods preemption chooses from, built at the first search and again after each
+    /// eviction planned (nothing else changes them within a plan).
+    running: Option<Vec<RunningPod>>,
 }
 
 impl Gate {
@@ -58,7 +67,7 @@ impl Gate {
             let share = if gpu_cap > 0 && !w.gpu.is_none() { gpu } else { cpu.max(mem) };
             spend[*t] += (groups[g].price as f64 * share.min(1.0)) as u64;
         }
-        Self { tenants, ledger, tenant_of, priority, now, spend }
+        Self { tenants, ledger, tenant_of, priority, now, spend, fruitless: HashSet::new(), running: None }
     }
 
     fn demand(workloads: &[Workload], unit: &Unit) -> Usage {
@@ -183,8 +192,17 @@ impl Gate {
         if !self.tenants.config.preemption.enabled || unit.pods.len() != 1 {
             return None;
         }
+        let w = &input.snapshot.workloads[unit.pods[0]];
+        let alike = w.pod_affinity.is_empty() && w.spread.is_empty() && w.pod_anti_affinity().is_empty();
+        let key = alike.then(|| {
+            let wi = unit.pods[0];
+            (ShapeKey::of(w), self.tenant_of[wi], self.priority[wi], reclaim)
+        });
+        if key.as_ref().is_some_and(|k| self.fruitless.contains(k)) {
+            return None;
+        }
         // An admitted unit's quota is already charged; victims are sought as if it were not.
-        let demand = usage_of(&input.snapshot.workloads[unit.pods[0]], None);
+        let demand = usage_of(w, None);
         let charged = if reclaim { None } else { self.unit_tenant(unit) };
         if let Some(t) = charged {
             self.ledger.release(t, &demand);
@@ -193,22 +211,26 @@ impl Gate {
         if let (Some(t), None) = (charged, &planned) {
             self.ledger.charge(t, &demand);
         }
+        match (&planned, key) {
+            (Some(_), _) => {
+                self.fruitless.clear();
+                self.running = None;
+            }
+            (None, Some(k)) => {
+                self.fruitless.insert(k);
+            }
+            (None, None) => {}
+        }
         planned
     }
 
-    /// [`Gate::preempt`] with the unit's own quota not charged; charges it on success.
-    fn plan_preemption(
-        &mut self,
-        placer: &mut Placer<'_>,
-        info: &mut [NodeInfo],
-        input: &PlanInput,
-        groups: &[NodeGroup],
-        unit: &Unit,
-        reclaim: bool,
-    ) -> Option<Preempt> {
-        let workloads = &input.snapshot.workloads;
-        let wi = unit.pods[0];
-        let w = &workloads[wi];
+    /// The pods running on Ready nodes, as preemption weighs them.
+    fn running_pods(
+        &self,
+        placer: &Placer<'_>,
+        info: &[NodeInfo],
+        workloads: &[Workload],
+    ) -> Vec<RunningPod> {
         let mut running = Vec::new();
         for (n, node_info) in info.iter().enumerate() {
             if node_info.origin != Origin::Ready {
@@ -233,10 +255,31 @@ impl Gate {
                     usage,
                     lost_gpu_seconds: gpus * ran,
                     evictable: p.eviction_blocked.is_none()
+                        && !p.terminating
                         && !matches!(p.owner, OwnerKind::DaemonSet | OwnerKind::Node),
                 });
             }
         }
+        running
+    }
+
+    /// [`Gate::preempt`] with the unit's own quota not charged; charges it on success.
+    fn plan_preemption(
+        &mut self,
+        placer: &mut Placer<'_>,
+        info: &mut [NodeInfo],
+        input: &PlanInput,
+        groups: &[NodeGroup],
+        unit: &Unit,
+        reclaim: bool,
+    ) -> Option<Preempt> {
+        let workloads = &input.snapshot.workloads;
+        let wi = unit.pods[0];
+        let w = &workloads[wi];
+        if self.running.is_none() {
+            self.running = Some(self.running_pods(placer, info, workloads));
+        }
+        let running = self.running.as_deref().unwrap_or_default();
         let demand = usage_of(w, None);
         let claimant = Claimant {
             workload: w,
@@ -245,7 +288,7 @@ impl Gate {
             demand: &demand,
         };
         let victims =
-            preemption::cheapest_victims(&self.tenants, &self.ledger, placer.nodes(), &running, &claimant)?;
+            preemption::cheapest_victims(&self.tenants, &self.ledger, placer.nodes(), running, &claimant)?;
         let alternative = if reclaim { None } else { self.scale_up_alternative(input, groups, unit, w) };
         let what = alternative.map(|g| format!("1 x {} ({})", g.instance_type, g.id));
         let decision = preemption::decide(

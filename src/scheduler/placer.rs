@@ -26,9 +26,10 @@ pub struct Placement {
     pub devices: DeviceAssignment,
 }
 
-/// What makes two workloads interchangeable for placement.
+/// What makes two workloads interchangeable for placement (pod affinity and spread aside: they
+/// depend on the pods already placed, and callers that key on shapes leave such pods out).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ShapeKey {
+pub(crate) struct ShapeKey {
     requests: Resources,
     gpu: GpuDemand,
     gpu_models: Vec<String>,
@@ -42,7 +43,7 @@ struct ShapeKey {
 }
 
 impl ShapeKey {
-    fn of(w: &Workload) -> Self {
+    pub(crate) fn of(w: &Workload) -> Self {
         Self {
             requests: w.requests,
             gpu: w.gpu.clone(),

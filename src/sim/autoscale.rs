@@ -820,6 +820,14 @@ impl<'a> Sim<'a> {
         let (commands, next) = decide(&plan, &self.decide, observed, self.now as i64, &self.cfg.decide);
         self.decide = next;
         self.out.commands.extend(commands.iter().map(|c| (self.now, c.clone())));
+        // Preemptions first: their pods are bound where the victims were, below.
+        for c in &commands {
+            if let Command::Preempt { victims, .. } = c {
+                for i in victims.iter().filter_map(|v| by_id.get(v)) {
+                    self.evict(*i);
+                }
+            }
+        }
         // Bind to Ready nodes, checking the live node still has room.
         for p in plan.placements.iter().filter(|p| !p.node_in_flight) {
             let Some(&i) = by_id.get(&p.pod) else { continue };
@@ -865,8 +873,9 @@ impl<'a> Sim<'a> {
                     self.decide.replacing.remove(&node);
                     self.decide.unneeded_since.remove(&node);
                 }
-                // Drains finish within the pass that starts them.
-                Command::AdvanceDrain { .. } => {}
+                // Drains finish within the pass that starts them; preemptions were carried out
+                // before binding.
+                Command::AdvanceDrain { .. } | Command::Preempt { .. } => {}
             }
         }
         // Pods still pending that fit Ready nodes (evicted ones whose move target filled).

@@ -5,13 +5,15 @@
 //! FIFO without quotas, to compare fairness (Jain's index of GPU share over entitlement) and
 //! waiting times.
 
-use crate::model::{Node, Workload, GPU_MILLI};
+use crate::model::{ClusterSnapshot, Node, Workload, GPU_MILLI};
+use crate::planner::decide::{decide, Command, DecideSettings, LoopState, Observed};
+use crate::planner::{self, PlanInput, PlannerSettings};
+use crate::scheduler::fit;
 use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
 use crate::scheduler::{Placement, Placer};
 use crate::tenancy::config::{CohortConfig, QuotaConfig, TenantConfig};
-use crate::tenancy::fair_share::{self, Claim};
-use crate::tenancy::preemption::{self, Claimant, RunningPod};
-use crate::tenancy::quota::{usage_of, Admission, Ledger, Tenants, Usage};
+use crate::tenancy::fair_share;
+use crate::tenancy::quota::{usage_of, Ledger, Tenants, Usage};
 use crate::tenancy::{jain_index, ResourceKind, TenancyConfig};
 use crate::trace::openb::TracePod;
 use rand::seq::SliceRandom;
@@ -19,7 +21,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 
 /// Parameters of a multi-tenant replay.
 #[derive(Debug, Clone)]
@@ -205,10 +207,148 @@ struct PodState {
     started: Option<u64>,
     run: u32,
     placement: Option<Placement>,
-    running_since: u64,
 }
 
-/// Replays the pods under one mode (`tenancy`: quotas, fair share, preemption; otherwise FIFO).
+/// The replayed cluster: where each pod runs, what waits, and the tallies the outcome reports.
+struct Live<'a, 'p> {
+    pods: &'a [Pod<'a>],
+    placer: Placer<'p>,
+    /// Quota use of running pods, to count passes that break a quota (FIFO does; tenancy must not).
+    ledger: Ledger,
+    state: Vec<PodState>,
+    events: BinaryHeap<Reverse<(u64, Event)>>,
+    pending: Vec<usize>,
+    running: Vec<usize>,
+    /// GPU milli running, per tenant.
+    used: Vec<u64>,
+    /// GPU milli pending, per tenant.
+    waiting: Vec<u64>,
+    preempted: Vec<usize>,
+    preemptions: usize,
+}
+
+impl Live<'_, '_> {
+    /// Records that pod `i` runs from `t` where `placement` (committed in the placer) puts it.
+    fn start(&mut self, i: usize, placement: Placement, t: u64) {
+        let p = &self.pods[i];
+        let s = &mut self.state[i];
+        s.started.get_or_insert(t);
+        s.run += 1;
+        s.placement = Some(placement);
+        self.used[p.tenant] += p.gpu_milli;
+        self.waiting[p.tenant] -= p.gpu_milli;
+        self.ledger.charge(p.tenant, &p.demand);
+        self.running.push(i);
+        self.pending.retain(|&x| x != i);
+        self.events.push(Reverse((t + p.duration.max(1), Event::Depart(i, s.run))));
+    }
+
+    /// Takes a running pod off its node; `requeue`: it waits to run again (evicted), else it is
+    /// done (departed).
+    fn stop(&mut self, i: usize, requeue: bool) {
+        let Some(pl) = self.state[i].placement.take() else { return };
+        let p = &self.pods[i];
+        self.placer.release(p.w, &pl);
+        self.used[p.tenant] -= p.gpu_milli;
+        self.ledger.release(p.tenant, &p.demand);
+        self.running.retain(|&r| r != i);
+        if requeue {
+            self.pending.push(i);
+            self.waiting[p.tenant] += p.gpu_milli;
+            self.preempted[p.tenant] += 1;
+            self.preemptions += 1;
+        }
+    }
+
+    /// Plain FIFO, as kube-scheduler without quotas: every candidate in arrival order, where the
+    /// policy puts it.
+    fn fifo_pass(&mut self, candidates: &[usize], t: u64) {
+        let mut order = candidates.to_vec();
+        order.sort_by_key(|&i| (self.pods[i].arrival, i));
+        // Pods of one shape behave alike within a pass: once one fails, skip the rest.
+        let mut failed: HashSet<(u64, u64, crate::model::GpuDemand, Vec<String>)> = HashSet::new();
+        for i in order {
+            let w = self.pods[i].w;
+            let key = (w.requests.cpu_milli, w.requests.memory_bytes, w.gpu.clone(), w.gpu_models.clone());
+            if failed.contains(&key) {
+                continue;
+            }
+            match self.placer.place(w) {
+                Ok(pl) => self.start(i, pl, t),
+                Err(_) => {
+                    failed.insert(key);
+                }
+            }
+        }
+    }
+
+    /// One pass of the product: the planner with the tenancy config (quota admission, fair-share
+    /// order, preemption) over the cluster as it is, then the decision step the controller runs
+    /// ([`decide`]); its `Preempt` commands evict here, and the pods the plan places on nodes are
+    /// bound (kube-scheduler's part, after Kueue's admission).
+    fn planned_pass(&mut self, t: u64, run: &PlannedRun<'_>, loop_state: &mut LoopState) {
+        let nodes = self.placer.nodes();
+        let mut snapshot = ClusterSnapshot {
+            nodes: run.nodes.to_vec(),
+            workloads: Vec::with_capacity(self.running.len() + self.pending.len()),
+            ..Default::default()
+        };
+        let mut index = Vec::with_capacity(snapshot.workloads.capacity());
+        for &i in self.running.iter().chain(&self.pending) {
+            let p = &self.pods[i];
+            let mut w = p.w.clone();
+            w.tenant = Some(run.tenant_names[p.tenant].clone());
+            w.created_at = Some(p.arrival as i64);
+            if let Some(pl) = &self.state[i].placement {
+                w.node_name = Some(nodes[pl.node].name.clone());
+                w.devices = Some(pl.devices.clone());
+            }
+            snapshot.workloads.push(w);
+            index.push(i);
+        }
+        let input = PlanInput { snapshot, groups: Vec::new(), unavailable: BTreeMap::new() };
+        let settings = PlannerSettings { now: Some(t as i64), ..run.settings.clone() };
+        let plan = planner::plan(&input, &settings);
+        let observed = Observed { snapshot: &input.snapshot, groups: &[], gangs_in_flight: &BTreeSet::new() };
+        let (commands, next) = decide(&plan, loop_state, observed, t as i64, &DecideSettings::default());
+        *loop_state = next;
+        let by_id: HashMap<&str, usize> =
+            input.snapshot.workloads.iter().zip(&index).map(|(w, &i)| (w.id.as_str(), i)).collect();
+        for c in &commands {
+            if let Command::Preempt { victims, .. } = c {
+                for &i in victims.iter().filter_map(|v| by_id.get(v.as_str())) {
+                    self.stop(i, true);
+                }
+            }
+        }
+        for p in plan.placements.iter().filter(|p| !p.node_in_flight) {
+            let (Some(&i), Some(&n)) = (by_id.get(p.pod.as_str()), run.node_index.get(p.node.as_str()))
+            else {
+                continue;
+            };
+            if self.state[i].placement.is_some() {
+                continue;
+            }
+            let w = self.pods[i].w;
+            let Ok(c) = fit::candidates(&self.placer.nodes()[n], w) else { continue };
+            let devices = if c.contains(&p.devices) { p.devices.clone() } else { c[0].clone() };
+            let placement = Placement { node: n, devices };
+            self.placer.commit(w, &placement);
+            self.start(i, placement, t);
+        }
+    }
+}
+
+/// What every planned pass shares.
+struct PlannedRun<'a> {
+    nodes: &'a [Node],
+    node_index: HashMap<&'a str, usize>,
+    tenant_names: Vec<String>,
+    settings: PlannerSettings,
+}
+
+/// Replays the pods under one mode (`tenancy`: the product's planner and decision step with the
+/// tenancy config; otherwise FIFO).
 fn replay(
     nodes: &[Node],
     pods: &[Pod<'_>],
@@ -220,175 +360,82 @@ fn replay(
     let workloads: Vec<Workload> = pods.iter().map(|p| p.w.clone()).collect();
     let target = TargetWorkload::from_workloads(&workloads, 0.95);
     let policy = cfg.policy.build(&ClusterScale::of(nodes), &target);
-    let mut placer = Placer::new(nodes.to_vec(), policy.as_ref(), cfg.seed);
-    let mut ledger = Ledger::new(tenants);
     let n_t = tenants.tenants.len();
     let cluster_milli: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * u64::from(GPU_MILLI)).sum();
-    let capacity = fair_share::capacity(tenants, cluster_milli);
-
-    let mut events: BinaryHeap<Reverse<(u64, Event)>> =
-        pods.iter().enumerate().map(|(i, p)| Reverse((p.arrival, Event::Arrive(i)))).collect();
-    let mut state = vec![PodState::default(); pods.len()];
-    let mut pending: Vec<usize> = Vec::new();
-    let mut running: Vec<usize> = Vec::new();
-    let mut used = vec![0u64; n_t]; // GPU milli running per tenant
+    let mut live = Live {
+        pods,
+        placer: Placer::new(nodes.to_vec(), policy.as_ref(), cfg.seed),
+        ledger: Ledger::new(tenants),
+        state: vec![PodState::default(); pods.len()],
+        events: pods.iter().enumerate().map(|(i, p)| Reverse((p.arrival, Event::Arrive(i)))).collect(),
+        pending: Vec::new(),
+        running: Vec::new(),
+        used: vec![0; n_t],
+        waiting: vec![0; n_t],
+        preempted: vec![0; n_t],
+        preemptions: 0,
+    };
+    let run = PlannedRun {
+        nodes,
+        node_index: nodes.iter().enumerate().map(|(k, n)| (n.name.as_str(), k)).collect(),
+        tenant_names: tenants.tenants.iter().map(|t| t.name.clone()).collect(),
+        settings: PlannerSettings {
+            policy: cfg.policy,
+            seed: cfg.seed,
+            scale_down: false,
+            tenancy: Some(tenants.config.clone()),
+            ..Default::default()
+        },
+    };
+    let mut loop_state = LoopState::default();
     let mut clock = ShareClock::new(cluster_milli, tenants.tenants.iter().map(|t| t.weight).collect());
-    let mut waiting = vec![0u64; n_t]; // GPU milli pending per tenant
     let mut dirty = true; // capacity or quota freed since the last pass
-    let mut preempted = vec![0usize; n_t];
-    let mut preemptions = 0usize;
     let mut quota_violations = 0usize;
     let mut last = pods.iter().map(|p| p.arrival).min().unwrap_or(0);
     let start = last;
 
-    while let Some(Reverse((t, _))) = events.peek().copied() {
+    while let Some(Reverse((t, _))) = live.events.peek().copied() {
         if t > end {
             break;
         }
-        clock.advance((t - last) as f64, !pending.is_empty(), &used, &waiting);
+        clock.advance((t - last) as f64, !live.pending.is_empty(), &live.used, &live.waiting);
         last = t;
         let mut arrived: Vec<usize> = Vec::new();
-        while let Some(Reverse((te, ev))) = events.peek().copied() {
+        while let Some(Reverse((te, ev))) = live.events.peek().copied() {
             if te != t {
                 break;
             }
-            events.pop();
+            live.events.pop();
             match ev {
                 Event::Arrive(i) => {
-                    pending.push(i);
+                    live.pending.push(i);
                     arrived.push(i);
-                    waiting[pods[i].tenant] += pods[i].gpu_milli;
+                    live.waiting[pods[i].tenant] += pods[i].gpu_milli;
                 }
                 Event::Depart(i, run) => {
-                    if state[i].run != run || state[i].placement.is_none() {
-                        continue; // evicted since
+                    if live.state[i].run == run {
+                        live.stop(i, false); // a run evicted since is not running any more
+                        dirty = true;
                     }
-                    let p = state[i].placement.take().expect("running");
-                    placer.release(pods[i].w, &p);
-                    used[pods[i].tenant] -= pods[i].gpu_milli;
-                    ledger.release(pods[i].tenant, &pods[i].demand);
-                    running.retain(|&r| r != i);
-                    dirty = true;
                 }
             }
         }
-        // Scheduling pass: everything pending when room was freed, else only the new arrivals
-        // (the others found no room and nothing changed for them).
-        let candidates_now: &[usize] = if dirty { &pending } else { &arrived };
-        dirty = false;
-        let order: Vec<usize> = if tenancy {
-            let claims: Vec<Claim> = candidates_now
-                .iter()
-                .map(|&i| Claim {
-                    tenant: Some(pods[i].tenant),
-                    priority: pods[i].w.priority,
-                    created_at: Some(pods[i].arrival as i64),
-                    demand: pods[i].demand.clone(),
-                    id: pods[i].w.id.clone(),
-                })
-                .collect();
-            fair_share::order(tenants, &ledger, &claims, t as i64, &capacity)
-                .into_iter()
-                .map(|k| candidates_now[k])
-                .collect()
+        // A pass when room was freed or pods arrived; nothing changes for the waiting pods else.
+        if tenancy {
+            if dirty || !arrived.is_empty() {
+                live.planned_pass(t, &run, &mut loop_state);
+            }
         } else {
-            let mut o = candidates_now.to_vec();
-            o.sort_by_key(|&i| (pods[i].arrival, i));
-            o
-        };
-        // Pods of one shape, priority and tenant behave alike within a pass: once one fails, skip the rest.
-        let mut failed_shapes: HashSet<(u64, u64, crate::model::GpuDemand, Vec<String>, i32, usize)> =
-            HashSet::new();
-        let mut started_now: Vec<usize> = Vec::new();
-        let mut attempts = 0usize;
-        for i in order {
-            let p = &pods[i];
-            let key = (
-                p.w.requests.cpu_milli,
-                p.w.requests.memory_bytes,
-                p.w.gpu.clone(),
-                p.w.gpu_models.clone(),
-                p.w.priority,
-                p.tenant,
-            );
-            if failed_shapes.contains(&key) {
-                continue;
-            }
-            let admission =
-                if tenancy { ledger.check(tenants, p.tenant, &p.demand) } else { Admission::Fits };
-            if let Admission::Exceeds { .. } = admission {
-                continue;
-            }
-            let reclaim = matches!(admission, Admission::NeedsReclaim { .. });
-            if !reclaim {
-                if let Ok(pl) = placer.place(p.w) {
-                    start_pod(i, pl, t, &mut state, &mut events, pods, &mut used, &mut ledger);
-                    running.push(i);
-                    started_now.push(i);
-                    continue;
-                }
-            }
-            if tenancy && tenants.config.preemption.enabled && attempts < MAX_PREEMPTION_ATTEMPTS {
-                attempts += 1;
-                let candidates: Vec<RunningPod> = running
-                    .iter()
-                    .map(|&r| {
-                        let pl = state[r].placement.as_ref().expect("running");
-                        RunningPod {
-                            workload: r,
-                            id: pods[r].w.id.clone(),
-                            tenant: Some(pods[r].tenant),
-                            priority: pods[r].w.priority,
-                            node: pl.node,
-                            footprint: pods[r].w.footprint(),
-                            devices: pl.devices.clone(),
-                            usage: pods[r].demand.clone(),
-                            lost_gpu_seconds: pods[r].gpu_milli as f64 / 1000.0
-                                * (t - state[r].running_since) as f64,
-                            evictable: true,
-                        }
-                    })
-                    .collect();
-                let claimant = Claimant {
-                    workload: p.w,
-                    tenant: Some(p.tenant),
-                    priority: p.w.priority,
-                    demand: &p.demand,
-                };
-                if let Some(v) =
-                    preemption::cheapest_victims(tenants, &ledger, placer.nodes(), &candidates, &claimant)
-                {
-                    for &k in &v.victims {
-                        let r = candidates[k].workload;
-                        let pl = state[r].placement.take().expect("running");
-                        placer.release(pods[r].w, &pl);
-                        used[pods[r].tenant] -= pods[r].gpu_milli;
-                        ledger.release(pods[r].tenant, &pods[r].demand);
-                        running.retain(|&x| x != r);
-                        pending.push(r);
-                        waiting[pods[r].tenant] += pods[r].gpu_milli;
-                        preempted[pods[r].tenant] += 1;
-                        preemptions += 1;
-                    }
-                    if let Ok(pl) = placer.place_where(p.w, &|n| n == v.node) {
-                        start_pod(i, pl, t, &mut state, &mut events, pods, &mut used, &mut ledger);
-                        running.push(i);
-                        started_now.push(i);
-                        continue;
-                    }
-                }
-            }
-            failed_shapes.insert(key);
+            // FIFO: everything pending when room was freed, else only the new arrivals.
+            let candidates = if dirty { live.pending.clone() } else { arrived };
+            live.fifo_pass(&candidates, t);
         }
-        for &i in &started_now {
-            waiting[pods[i].tenant] -= pods[i].gpu_milli;
-        }
-        let started: HashSet<usize> = started_now.into_iter().collect();
-        pending.retain(|i| !started.contains(i));
-        if ledger.violation(tenants).is_some() {
+        dirty = false;
+        if live.ledger.violation(tenants).is_some() {
             quota_violations += 1;
         }
     }
+    let Live { state, used, waiting, pending, preempted, preemptions, .. } = live;
     let horizon = (end.max(last) - start) as f64;
     // Pods still running at the end keep counting until the end.
     clock.advance(end.saturating_sub(last) as f64, !pending.is_empty(), &used, &waiting);
@@ -445,13 +492,6 @@ fn replay(
     }
 }
 
-/// Most preemption searches one scheduling pass makes (Kueue also preempts for its queue heads
-/// only); the rest of the queue waits for the next pass.
-const MAX_PREEMPTION_ATTEMPTS: usize = 8;
-
-/// Integrates GPU time over an interval of `dt` seconds: used, used while pods waited, and the
-/// weighted max-min fair allocation in those periods.
-#[allow(clippy::too_many_arguments)]
 /// Per-tenant GPU time (milli-GPU-seconds): all of it, the part while pods waited, and the
 /// weighted max-min fair share of the cluster over that contended time.
 struct ShareClock {
@@ -492,27 +532,6 @@ impl ShareClock {
             self.fair_ms[k] += fair[k] * dt;
         }
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn start_pod(
-    i: usize,
-    placement: Placement,
-    t: u64,
-    state: &mut [PodState],
-    events: &mut BinaryHeap<Reverse<(u64, Event)>>,
-    pods: &[Pod<'_>],
-    used: &mut [u64],
-    ledger: &mut Ledger,
-) {
-    let s = &mut state[i];
-    s.started.get_or_insert(t);
-    s.run += 1;
-    s.placement = Some(placement);
-    s.running_since = t;
-    used[pods[i].tenant] += pods[i].gpu_milli;
-    ledger.charge(pods[i].tenant, &pods[i].demand);
-    events.push(Reverse((t + pods[i].duration.max(1), Event::Depart(i, s.run))));
 }
 
 fn nominal_gpus(t: &crate::tenancy::Tenant) -> f64 {

@@ -149,10 +149,13 @@ pub fn spawn_replica(
     };
     let (status, _status_task) =
         gpuscale::controller::status::StatusPublisher::new(client.clone(), LEASE_NAMESPACE, identity).spawn();
-    let observers: Vec<Arc<dyn gpuscale::controller::Observer>> =
-        vec![recorder.clone(), Arc::new(gpuscale::controller::observers::StatusObserver::new(status))];
+    let observers: Vec<Arc<dyn gpuscale::controller::Observer>> = vec![
+        recorder.clone(),
+        Arc::new(gpuscale::controller::observers::StatusObserver::new(status.clone())),
+    ];
     let controller =
         Controller::new(client, providers, options, Arc::new(gpuscale::controller::Observers(observers)));
+    status.set_fence(controller.fence());
     let (stop, stop_rx) = watch::channel(false);
     let task = tokio::spawn(controller.run(stop_rx));
     Replica { task, stop, recorder }
@@ -262,5 +265,8 @@ impl Observer for Recorder {
     }
     fn backoff(&self, group: &str, reason: &str) {
         self.push(format!("backoff: {group} {reason}"));
+    }
+    fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
+        self.push(format!("preempted: {victim} {node} {preemptor} {reason}"));
     }
 }

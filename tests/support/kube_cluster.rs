@@ -167,7 +167,12 @@ impl KubeCluster {
 
     /// The node kube-scheduler bound `ml/<pod>` to, once it is Running.
     pub async fn running_on(&self, pod: &str) -> Option<String> {
-        let p = self.pod(pod).await?;
+        self.running_in("ml", pod).await
+    }
+
+    /// The node kube-scheduler bound `<ns>/<pod>` to, once it is Running.
+    pub async fn running_in(&self, ns: &str, pod: &str) -> Option<String> {
+        let p = self.get(&format!("/api/v1/namespaces/{ns}/pods/{pod}")).await?;
         (p["status"]["phase"] == "Running")
             .then(|| p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
     }
