@@ -24,6 +24,14 @@ accounts:
 "#;
 
 fn plan(objects: Vec<Value>, groups: Option<&str>) -> gpuscale::planner::Plan {
+    plan_with(objects, groups, PlannerSettings { scale_down: false, ..Default::default() })
+}
+
+fn plan_with(
+    objects: Vec<Value>,
+    groups: Option<&str>,
+    settings: PlannerSettings,
+) -> gpuscale::planner::Plan {
     // Both ingest paths: the general one and the fast one of a kubectl List file.
     let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("test", o)).collect();
     let snapshot = gpuscale::k8s::convert(&objs).expect("a valid snapshot").snapshot;
@@ -42,7 +50,7 @@ fn plan(objects: Vec<Value>, groups: Option<&str>) -> gpuscale::planner::Plan {
             .node_groups()
     });
     let input = PlanInput { snapshot, groups, unavailable: Default::default() };
-    planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() })
+    planner::plan(&input, &settings)
 }
 
 fn placed(p: &gpuscale::planner::Plan) -> Vec<(String, String)> {
@@ -339,4 +347,93 @@ fn a_new_dra_node_without_its_slices_is_in_flight_not_a_node_without_gpus() {
     assert_eq!(scale_ups(&p), vec![], "{p:?}");
     assert_eq!(placed(&p), vec![s("ml/want8", "h100-new")]);
     assert!(p.placements[0].node_in_flight);
+}
+
+/// Tenancy quotas count the GPUs a pod takes through claims like device-plugin GPUs: a running
+/// pod's allocated devices, a pending pod's requested count, MIG devices by their profile.
+#[test]
+fn quotas_count_dra_gpus_and_mig_devices_like_device_plugin_ones() {
+    let tenancy: gpuscale::tenancy::TenancyConfig = serde_yaml::from_str(
+        "tenants: [{name: ml, match: {namespaces: [ml]}, quotas: {nvidia.com/gpu: {nominal: 8}, nvidia.com/mig-2g.10gb: {nominal: 1}}}]",
+    )
+    .unwrap();
+    let settings = PlannerSettings { scale_down: false, tenancy: Some(tenancy), ..Default::default() };
+    let mut devices = Vec::new();
+    for (start, profile, id, size, mem) in [(0, "3g.20gb", 9, 4, "19968Mi"), (4, "2g.10gb", 14, 2, "9856Mi")]
+    {
+        devices.push(mig_device(0, profile, id, start, size, mem));
+        devices.push(mig_device(1, profile, id, start, size, mem));
+    }
+    let mut objects = device_classes();
+    objects.extend([
+        node("h100-a", H100, "h100", 8, 0),
+        node("h100-b", H100, "h100", 8, 0),
+        node("a100-a", A100, "a100", 8, 0),
+        slice("h100-a", gpus(8, H100)),
+        slice("h100-b", gpus(8, H100)),
+        slice("a100-a", devices),
+        // The tenant runs 5 GPUs already.
+        allocated(
+            claim("busy-a", "gpu.nvidia.com", 5),
+            "h100-a",
+            &["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"],
+            "run-a",
+        ),
+        bound(pod("run-a", "busy-a", false), "h100-a"),
+        template("four", "gpu.nvidia.com", 4, &[]),
+        template("three", "gpu.nvidia.com", 3, &[]),
+        template("h100-three", "gpu.nvidia.com", 3, &["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"]),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+          "metadata": {"name": "mig-2g", "namespace": "ml"},
+          "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+              "deviceClassName": "mig.nvidia.com", "count": 1,
+              "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '2g.10gb'"}}]}}]}}}}),
+        pod("want4", "four", true),
+        pod("mig-0", "mig-2g", true),
+        pod("mig-1", "mig-2g", true),
+    ]);
+    let p = plan_with(objects.clone(), None, settings.clone());
+    // 5 running + 4 asked > 8: over quota although h100-b has 8 free GPUs. One 2g.10gb of one.
+    let over: Vec<(&str, &str)> =
+        p.unschedulable.iter().map(|u| (u.pod.as_str(), u.reason.as_str())).collect();
+    assert_eq!(over.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec!["ml/mig-1", "ml/want4"], "{over:?}");
+    for (_, reason) in &over {
+        assert!(reason.contains("quota"), "{reason}");
+    }
+    assert!(over[0].1.contains("mig-2g.10gb"), "{}", over[0].1);
+    assert!(over[1].1.contains("nvidia.com/gpu"), "{}", over[1].1);
+    assert_eq!(placed(&p), vec![s("ml/mig-0", "a100-a")]);
+
+    // 5 + 3 = 8 fits the quota, with or without a selector on the model.
+    for t in ["three", "h100-three"] {
+        let mut objects = objects.clone();
+        objects.retain(|o| o["metadata"]["name"] != "want4");
+        objects.push(pod("want3", t, true));
+        let p = plan_with(objects, None, settings.clone());
+        assert!(
+            placed(&p).contains(&s("ml/want3", "h100-a")) || placed(&p).contains(&s("ml/want3", "h100-b")),
+            "{t}: {:?}",
+            p.unschedulable
+        );
+    }
+
+    // Workload classes see the form a claim asks for: whole GPUs are not an inference form here.
+    let classes: gpuscale::tenancy::TenancyConfig = serde_yaml::from_str(
+        "workloadClasses: {inference: [mig]}\ntenants: [{name: ml, match: {namespaces: [ml]}, quotas: {nvidia.com/gpu: {nominal: 16}}}]",
+    )
+    .unwrap();
+    let settings = PlannerSettings { scale_down: false, tenancy: Some(classes), ..Default::default() };
+    let mut serving = pod("serve", "three", true);
+    serving["metadata"]["labels"]["gpuscale.io/workload-class"] = json!("inference");
+    let mut objects = device_classes();
+    objects.extend([
+        node("h100-b", H100, "h100", 8, 0),
+        slice("h100-b", gpus(8, H100)),
+        template("three", "gpu.nvidia.com", 3, &[]),
+        serving,
+    ]);
+    let p = plan_with(objects, None, settings);
+    assert!(placed(&p).is_empty(), "{:?}", p.placements);
+    assert_eq!(p.unschedulable.len(), 1);
+    assert!(p.unschedulable[0].reason.contains("inference"), "{}", p.unschedulable[0].reason);
 }

@@ -143,6 +143,61 @@ impl SubRequest {
     }
 }
 
+/// The GPU a sub-request asks NVIDIA's driver for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuAsk {
+    /// A whole GPU (`type: gpu`).
+    Whole,
+    /// A MIG device (`type: mig`) of this profile; empty when the selectors do not name one.
+    Mig(String),
+}
+
+/// A device of `driver` that carries only the attributes that say what kind of device it is.
+fn probe(driver: &str, kind: &str, profile: Option<&str>) -> DraDevice {
+    let attr = |name: &str| format!("{NVIDIA_GPU_DRIVER}/{name}");
+    let mut attributes = BTreeMap::from([(attr("type"), AttrValue::Str(kind.into()))]);
+    if let Some(p) = profile {
+        attributes.insert(attr("profile"), AttrValue::Str(p.into()));
+    }
+    DraDevice {
+        driver: driver.into(),
+        pool: String::new(),
+        name: String::new(),
+        attributes,
+        capacity: BTreeMap::new(),
+        consumes: BTreeMap::new(),
+    }
+}
+
+impl SubRequest {
+    /// What GPU this asks for, before any device is chosen (quotas count pending pods): the
+    /// selectors are matched against probe devices that carry only the driver's `type` and
+    /// `profile`. An expression that needs an attribute a probe lacks (`productName`, `memory`)
+    /// narrows which GPU, not whether it is one, so it counts as matching; a request whose
+    /// selectors would also take another driver's device asks for no GPU in particular.
+    pub fn gpu_ask(&self) -> Option<GpuAsk> {
+        let fits = |d: &DraDevice| {
+            let view = d.view();
+            self.selectors.iter().all(|s| s.program.matches(&view).unwrap_or(true))
+        };
+        if fits(&probe("example.com/not-a-gpu", "other", None)) {
+            return None;
+        }
+        if fits(&probe(NVIDIA_GPU_DRIVER, "gpu", None)) {
+            return Some(GpuAsk::Whole);
+        }
+        if !fits(&probe(NVIDIA_GPU_DRIVER, "mig", None)) {
+            return None;
+        }
+        // A profile the selectors name, if they name one.
+        if fits(&probe(NVIDIA_GPU_DRIVER, "mig", Some("no-such-profile"))) {
+            return Some(GpuAsk::Mig(String::new()));
+        }
+        let named = super::mig::all_profiles().find(|p| fits(&probe(NVIDIA_GPU_DRIVER, "mig", Some(p))));
+        Some(GpuAsk::Mig(named.unwrap_or_default().to_string()))
+    }
+}
+
 /// A request of a claim: alternatives tried in order (one for `exactly`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DraRequest {
@@ -578,5 +633,29 @@ mod tests {
         assert_eq!(inv.allocate(std::slice::from_ref(&c)), None);
         inv.counters.insert(key, 8);
         assert!(inv.allocate(&[c]).is_some());
+    }
+
+    /// What a request asks for, judged from NVIDIA's DeviceClasses and the request's selectors.
+    #[test]
+    fn gpu_asks_follow_the_class_and_the_request_selectors() {
+        let class = |kind: &str| {
+            sel(&format!(
+                "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == '{kind}'"
+            ))
+        };
+        let ask = |selectors: Vec<DeviceSelector>| {
+            SubRequest { name: "r".into(), class: "c".into(), selectors, mode: AllocationMode::ExactCount(1) }
+                .gpu_ask()
+        };
+        assert_eq!(ask(vec![class("gpu")]), Some(GpuAsk::Whole));
+        let h100 = sel("device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'");
+        assert_eq!(ask(vec![class("gpu"), h100]), Some(GpuAsk::Whole), "a model narrows which GPU");
+        assert_eq!(ask(vec![class("mig")]), Some(GpuAsk::Mig(String::new())));
+        let two_g = sel("device.attributes['gpu.nvidia.com'].profile == '2g.10gb'");
+        assert_eq!(ask(vec![class("mig"), two_g]), Some(GpuAsk::Mig("2g.10gb".into())));
+        // A class that takes any device, or another driver's: no GPU in particular.
+        assert_eq!(ask(vec![]), None);
+        assert_eq!(ask(vec![sel("device.driver == 'dra.example.com'")]), None);
+        assert_eq!(ask(vec![class("gpu"), sel("device.attributes['gpu.nvidia.com'].type == 'mig'")]), None);
     }
 }

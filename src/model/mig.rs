@@ -113,6 +113,13 @@ macro_rules! eight_slot_geometry {
     };
 }
 
+/// Every profile name of the geometries above, each once.
+pub fn all_profiles() -> impl Iterator<Item = &'static str> {
+    let all = [&A100_40GB, &A100_80GB, &H100_80GB, &H100_94GB, &H200_141GB, &A30_24GB];
+    let mut seen = std::collections::BTreeSet::new();
+    all.into_iter().flat_map(|g| g.profiles.iter().map(|p| p.name)).filter(move |n| seen.insert(*n))
+}
+
 /// A100-SXM4/PCIE-40GB.
 pub static A100_40GB: MigGeometry =
     eight_slot_geometry!("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb");

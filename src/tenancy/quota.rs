@@ -2,6 +2,7 @@
 //! new workload is admissible under nominal quota, cohort borrowing and lending limits.
 
 use super::config::{GpuForm, ResourceKind, TenancyConfig};
+use crate::model::dra::{AllocationMode, GpuAsk};
 use crate::model::{dollars, mig, ClusterSnapshot, GpuDemand, GpuMode, MicroDollarsPerHour, Node, Workload};
 use std::collections::{BTreeMap, HashMap};
 
@@ -103,7 +104,7 @@ pub fn usage_of(w: &Workload, node: Option<&Node>) -> Usage {
     let mut u = Usage::new();
     let gpu = node.and_then(|n| n.gpus.first());
     let eq = match &w.gpu {
-        GpuDemand::None => return u,
+        GpuDemand::None => 0,
         GpuDemand::Whole { count } => {
             u.insert(ResourceKind::WholeGpu, u64::from(*count) * 1000);
             u64::from(*count) * 1000
@@ -127,8 +128,48 @@ pub fn usage_of(w: &Workload, node: Option<&Node>) -> Usage {
             u64::from(*count) * mig_profile_milli(profile, node.and_then(|n| n.mig_geometry()))
         }
     };
-    u.insert(ResourceKind::GpuEquivalent, eq);
+    let eq = eq + dra_usage(&mut u, w, node);
+    if eq > 0 || !w.gpu.is_none() {
+        u.insert(ResourceKind::GpuEquivalent, eq);
+    }
     u
+}
+
+/// Adds the GPUs `w` takes through DRA claims, as device-plugin GPUs count: the devices allocated
+/// to its claims on `node` when it runs there, else what its requests ask for (the first
+/// alternative; an `All` request counts once allocated). Returns their GPU-equivalent milli.
+fn dra_usage(u: &mut Usage, w: &Workload, node: Option<&Node>) -> u64 {
+    let mut eq = 0;
+    let mut take = |u: &mut Usage, ask: GpuAsk, n: u64| match ask {
+        GpuAsk::Whole => {
+            *u.entry(ResourceKind::WholeGpu).or_default() += n * 1000;
+            eq += n * 1000;
+        }
+        GpuAsk::Mig(profile) => {
+            eq += n * mig_profile_milli(&profile, None);
+            if !profile.is_empty() {
+                *u.entry(ResourceKind::Mig(profile)).or_default() += n * 1000;
+            }
+        }
+    };
+    for claim in &w.dra_claims {
+        if let Some((inv, hold)) = node.and_then(|n| n.dra.claims.get(&claim.key).map(|h| (&n.dra, h))) {
+            for device in hold.devices.iter().filter_map(|&d| inv.devices.get(d as usize)) {
+                if device.is_gpu() {
+                    take(u, GpuAsk::Whole, 1);
+                } else if let Some(profile) = device.mig_profile() {
+                    take(u, GpuAsk::Mig(profile.to_string()), 1);
+                }
+            }
+            continue;
+        }
+        for sub in claim.requests.iter().filter_map(|r| r.alternatives.first()) {
+            if let (AllocationMode::ExactCount(n), Some(ask)) = (sub.mode, sub.gpu_ask()) {
+                take(u, ask, u64::from(n));
+            }
+        }
+    }
+    eq
 }
 
 /// The GPU form of a demand, for workload-class policies.
@@ -140,6 +181,17 @@ pub fn form_of(gpu: &GpuDemand) -> Option<GpuForm> {
         GpuDemand::Mig { .. } => Some(GpuForm::Mig),
         GpuDemand::Shared { .. } => Some(GpuForm::Shared),
     }
+}
+
+/// The GPU form a pod asks for through DRA claims (its first GPU request), for workload-class
+/// policies.
+fn dra_form(w: &Workload) -> Option<GpuForm> {
+    let mut asks =
+        w.dra_claims.iter().flat_map(|c| &c.requests).filter_map(|r| r.alternatives.first()?.gpu_ask());
+    asks.next().map(|a| match a {
+        GpuAsk::Whole => GpuForm::Whole,
+        GpuAsk::Mig(_) => GpuForm::Mig,
+    })
 }
 
 /// Adds `b` into `a`.
@@ -222,7 +274,7 @@ impl Tenants {
     /// form asked for.
     pub fn check_class(&self, tenant: Option<usize>, w: &Workload) -> Result<(), String> {
         let Some(class) = w.labels.get(WORKLOAD_CLASS_LABEL) else { return Ok(()) };
-        let Some(form) = form_of(&w.gpu) else { return Ok(()) };
+        let Some(form) = form_of(&w.gpu).or_else(|| dra_form(w)) else { return Ok(()) };
         let classes = match tenant {
             Some(t) => &self.tenants[t].classes,
             None => &self.config.workload_classes,
