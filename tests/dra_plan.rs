@@ -437,3 +437,48 @@ fn quotas_count_dra_gpus_and_mig_devices_like_device_plugin_ones() {
     assert_eq!(p.unschedulable.len(), 1);
     assert!(p.unschedulable[0].reason.contains("inference"), "{}", p.unschedulable[0].reason);
 }
+
+/// The agent's telemetry names GPUs by UUID; a DRA GPU a running pod's claim holds is reported
+/// idle like a device-plugin one.
+#[test]
+fn an_idle_dra_gpu_held_by_a_claim_is_reported() {
+    use gpuscale::model::{GpuSample, NodeTelemetry, TelemetrySettings, TELEMETRY_ANNOTATION};
+    let uuid = |i: u32| format!("GPU-{i:08x}-7c1e-4f2a-9a43-3b1d2c0e{i:04x}");
+    let sample = |i: u32, idle_since: Option<u64>| GpuSample {
+        index: i as u8,
+        uuid: uuid(i),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        utilization_pct: Some(if idle_since.is_some() { 0 } else { 90 }),
+        memory_used_bytes: 1 << 30,
+        memory_total_bytes: 80 << 30,
+        ecc_errors: 0,
+        healthy: true,
+        mig: vec![],
+        idle_since,
+    };
+    let now = 1_764_700_000;
+    let telemetry =
+        NodeTelemetry { sampled_at: now, gpus: vec![sample(0, Some(now - 7_200)), sample(1, None)] };
+    let mut h100 = node("h100-a", H100, "h100", 8, 0);
+    h100["metadata"]["annotations"] = json!({TELEMETRY_ANNOTATION: telemetry.encode()});
+    let mut objects = device_classes();
+    objects.extend([
+        h100,
+        slice("h100-a", gpus(8, H100)),
+        allocated(claim("two", "gpu.nvidia.com", 2), "h100-a", &["gpu-0", "gpu-1"], "run-a"),
+        bound(pod("run-a", "two", false), "h100-a"),
+    ]);
+    let settings = PlannerSettings {
+        scale_down: false,
+        telemetry: TelemetrySettings { idle_window: 3600, max_age: 600 },
+        ..Default::default()
+    };
+    let p = plan_with(objects, Some(GROUPS), settings);
+    let idle: Vec<(&str, u8, &str, Vec<String>, u64)> = p
+        .idle_gpus
+        .iter()
+        .map(|g| (g.node.as_str(), g.gpu, g.uuid.as_str(), g.pods.clone(), g.idle_for))
+        .collect();
+    assert_eq!(idle, vec![("h100-a", 0, uuid(0).as_str(), vec!["ml/run-a".to_string()], 7_200)]);
+    assert!(p.idle_gpus[0].cost_per_hour > 0, "an eighth of the node's price");
+}

@@ -72,6 +72,16 @@ impl DraDevice {
         }
     }
 
+    /// The UUID of the physical GPU an NVIDIA device is or lives on (`uuid` of a GPU,
+    /// `parentUUID` of a MIG device): what the agent's telemetry names GPUs by.
+    pub fn gpu_uuid(&self) -> Option<&str> {
+        let attr = if self.is_gpu() { "uuid" } else { "parentUUID" };
+        match self.nvidia(attr) {
+            Some(AttrValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
     /// `productName` of an NVIDIA device.
     pub fn product_name(&self) -> Option<&str> {
         match self.nvidia("productName") {

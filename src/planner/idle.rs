@@ -5,6 +5,7 @@
 
 use super::cluster::{NodeInfo, Origin};
 use super::plan::IdleGpu;
+use crate::model::dra::DraInventory;
 use crate::model::{DeviceAssignment, NodeGroup, TelemetrySettings, Workload, GPU_MILLI};
 use crate::scheduler::Placer;
 
@@ -27,6 +28,11 @@ fn gpus_of(devices: &DeviceAssignment) -> Vec<u8> {
     }
 }
 
+/// The DRA devices of `inv` that are the GPU `uuid` or MIG devices on it.
+fn dra_devices_on(inv: &DraInventory, uuid: &str) -> Vec<u32> {
+    (0..inv.devices.len() as u32).filter(|&d| inv.devices[d as usize].gpu_uuid() == Some(uuid)).collect()
+}
+
 /// Finds idle allocated GPUs on ready nodes with telemetry. Only running pods count as holders.
 /// Telemetry older than `max_age` compared with the newest sample in the snapshot is ignored (the
 /// planner has no clock; an agent that stopped publishing falls behind the others).
@@ -45,7 +51,8 @@ pub(crate) fn find(
         if !newest.is_some_and(|now| t.is_fresh(now, settings.max_age)) {
             continue;
         }
-        if node_info.origin != Origin::Ready || node.gpus.is_empty() {
+        let dra_gpus = node.dra.gpus().0;
+        if node_info.origin != Origin::Ready || (node.gpus.is_empty() && dra_gpus == 0) {
             continue;
         }
         let price = node_info.group.map_or(0, |g| groups[g].price);
@@ -54,19 +61,29 @@ pub(crate) fn find(
             let Some(idle_for) = g.idle_for(t.sampled_at).filter(|&s| s >= settings.idle_window) else {
                 continue;
             };
-            let Some(device) = node.gpus.iter().find(|d| d.index == g.index) else { continue };
+            // A device-plugin GPU by index, else the DRA devices on this GPU by its UUID.
+            let plugin = node.gpus.iter().find(|d| d.index == g.index);
+            let dra = if plugin.is_none() { dra_devices_on(&node.dra, &g.uuid) } else { Vec::new() };
+            if plugin.is_none() && dra.is_empty() {
+                continue;
+            }
+            let holds = |w: &Workload, devices: &DeviceAssignment| match plugin {
+                Some(_) => gpus_of(devices).contains(&g.index),
+                None => w.dra_claims.iter().any(|c| {
+                    node.dra.claims.get(&c.key).is_some_and(|h| h.devices.iter().any(|d| dra.contains(d)))
+                }),
+            };
             let holders: Vec<&Workload> = node_info
                 .pods
                 .iter()
-                .filter(|(wi, devices)| {
-                    workloads[*wi].node_name.is_some() && gpus_of(devices).contains(&g.index)
-                })
+                .filter(|(wi, devices)| workloads[*wi].node_name.is_some() && holds(&workloads[*wi], devices))
                 .map(|(wi, _)| &workloads[*wi])
                 .collect();
             if holders.is_empty() {
                 continue;
             }
-            if holders.iter().all(|w| w.reclaim_idle) {
+            // Reclaim frees room for the scale-down test, which weighs device-plugin GPUs.
+            if let Some(device) = plugin.filter(|_| holders.iter().all(|w| w.reclaim_idle)) {
                 out.reclaimable[n] += u64::from(GPU_MILLI - device.free_milli(geometry));
             }
             out.idle.push(IdleGpu {
@@ -76,7 +93,7 @@ pub(crate) fn find(
                 pods: holders.iter().map(|w| w.id.clone()).collect(),
                 idle_for,
                 reclaimable: holders.iter().all(|w| w.reclaim_idle),
-                cost_per_hour: price / node.gpus.len() as u64,
+                cost_per_hour: price / node.gpus.len().max(dra_gpus).max(1) as u64,
             });
         }
     }
