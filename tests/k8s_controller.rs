@@ -876,14 +876,7 @@ async fn a_leader_partitioned_mid_gang_scale_up_stops_and_the_new_leader_rolls_b
     c.assert_rbac_allowed("b");
 }
 
-/// Dynamic Resource Allocation end to end: a pod asking for eight GPUs through a ResourceClaim
-/// scales the one group whose nodes have eight (the L4 group's have four), once: the new node is
-/// in flight until its DRA driver publishes its ResourceSlice (here a test task, as NVIDIA's
-/// kubelet plugin does once the node is up), then kube-scheduler allocates the claim on it and
-/// binds the pod there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dra_claim_scales_its_group_once_and_kube_scheduler_binds_it_on_the_new_node() {
-    let providers = r#"
+const DRA_PROVIDERS: &str = r#"
 accounts:
   - name: sim
     provider: simulated
@@ -893,13 +886,15 @@ accounts:
       - {name: gpu-h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0, dra: {}}
       - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0, dra: {}}
 "#;
-    let c = KubeCluster::start(providers, Options::default()).await;
-    for class in dra::device_classes() {
-        c.create(class).await;
-    }
-    // The DRA driver: a Ready node of the H100 group publishes its eight GPUs.
+
+/// NVIDIA's DRA driver as a test task: each Ready node of the H100 group publishes its eight GPUs
+/// in a ResourceSlice once (as the kubelet plugin does once the node is up). Returns the task and
+/// the nodes it published for, in order.
+fn spawn_dra_driver(
+    c: &Arc<KubeCluster>,
+) -> (tokio::task::JoinHandle<()>, Arc<std::sync::Mutex<Vec<String>>>) {
     let published = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let dra_driver = {
+    let task = {
         let (c, published) = (c.clone(), published.clone());
         tokio::spawn(async move {
             loop {
@@ -923,6 +918,33 @@ accounts:
             }
         })
     };
+    (task, published)
+}
+
+/// The devices kube-scheduler allocated to claim `ml/<name>`, as (pool, device).
+async fn allocated_devices(c: &KubeCluster, name: &str) -> Vec<(String, String)> {
+    let claim =
+        c.get(&format!("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/{name}")).await.unwrap();
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
+    results
+        .iter()
+        .map(|r| {
+            (r["pool"].as_str().unwrap_or_default().into(), r["device"].as_str().unwrap_or_default().into())
+        })
+        .collect()
+}
+
+/// A pod asking for eight GPUs through a claim (NVIDIA's `gpu.nvidia.com` class, no model named)
+/// scales the one group whose nodes have eight (the L4 group's have four), once: the new node is
+/// in flight until its DRA driver publishes its ResourceSlice, then kube-scheduler allocates the
+/// claim on it and binds the pod there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_claim_scales_its_group_once_and_kube_scheduler_binds_it_on_the_new_node() {
+    let c = KubeCluster::start(DRA_PROVIDERS, Options::default()).await;
+    for class in dra::device_classes() {
+        c.create(class).await;
+    }
+    let (dra_driver, published) = spawn_dra_driver(&c);
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     c.create(dra::claim("eight", "gpu.nvidia.com", 8)).await;
@@ -936,13 +958,53 @@ accounts:
     assert_eq!(c.running_on("want8").await.unwrap(), node);
     assert_eq!(*published.lock().unwrap(), vec![node.clone()]);
     // kube-scheduler allocated the claim's eight devices on that node.
-    let claim = c.get("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/eight").await.unwrap();
-    let results = claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
-    assert_eq!(results.len(), 8, "{claim:#}");
-    assert!(results.iter().all(|r| r["pool"] == node.as_str()), "{claim:#}");
+    let devices = allocated_devices(&c, "eight").await;
+    assert_eq!(devices.len(), 8, "{devices:?}");
+    assert!(devices.iter().all(|(pool, _)| pool == &node), "{devices:?}");
     // More passes run: the node that waited for its slice was never scaled for twice.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(c.set_target_calls(), vec![(0, 1)]);
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    dra_driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+/// A gang of four pods, each asking for eight GPUs through its own claim: one all-or-nothing
+/// scale-up of the H100 group by four, and kube-scheduler allocates every claim on its own new
+/// node once the slices are published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_of_dra_pods_scales_its_group_at_once_and_every_member_is_bound() {
+    let c = KubeCluster::start(DRA_PROVIDERS, Options::default()).await;
+    for class in dra::device_classes() {
+        c.create(class).await;
+    }
+    let (dra_driver, published) = spawn_dra_driver(&c);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
+    for i in 0..4 {
+        c.create(dra::claim(&format!("eight-{i}"), "gpu.nvidia.com", 8)).await;
+        let mut p = dra::pod(&format!("trainer-{i}"), &format!("eight-{i}"), false);
+        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+        c.create(p).await;
+    }
+    c.wait_until(WAIT, "the whole gang running", || all_running(&c, "trainer", 4)).await;
+    assert_eq!(c.set_target_calls(), vec![(0, 4)], "one all-or-nothing step of four nodes");
+    assert!(replica.recorder.with_prefix("scaled_up").iter().all(|l| l.contains("gpu-h100")));
+    let mut nodes = Vec::new();
+    for i in 0..4 {
+        let on = c.running_on(&format!("trainer-{i}")).await.unwrap();
+        let devices = allocated_devices(&c, &format!("eight-{i}")).await;
+        assert_eq!(devices.len(), 8, "{devices:?}");
+        assert!(devices.iter().all(|(pool, _)| pool == &on), "claim eight-{i} on {on}: {devices:?}");
+        nodes.push(on);
+    }
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 4, "one member per new node: {nodes:?}");
+    assert_eq!(published.lock().unwrap().len(), 4);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(c.set_target_calls(), vec![(0, 4)], "never scaled again");
     replica.shutdown().await.unwrap();
     driver.abort();
     dra_driver.abort();
