@@ -887,12 +887,16 @@ accounts:
       - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0, dra: {}}
 "#;
 
-/// NVIDIA's DRA driver as a test task: each Ready node of the H100 group publishes its eight GPUs
-/// in a ResourceSlice once (as the kubelet plugin does once the node is up). Returns the task and
-/// the nodes it published for, in order.
-fn spawn_dra_driver(
-    c: &Arc<KubeCluster>,
-) -> (tokio::task::JoinHandle<()>, Arc<std::sync::Mutex<Vec<String>>>) {
+/// A cluster of [`DRA_PROVIDERS`] with NVIDIA's DeviceClasses, and NVIDIA's DRA driver as a test
+/// task: each Ready node of the H100 group publishes its eight GPUs in a ResourceSlice once (as
+/// the kubelet plugin does once the node is up). Returns the cluster, the task and the nodes it
+/// published for, in order.
+async fn dra_cluster() -> (Arc<KubeCluster>, tokio::task::JoinHandle<()>, Arc<std::sync::Mutex<Vec<String>>>)
+{
+    let c = KubeCluster::start(DRA_PROVIDERS, Options::default()).await;
+    for class in dra::device_classes() {
+        c.create(class).await;
+    }
     let published = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let task = {
         let (c, published) = (c.clone(), published.clone());
@@ -918,7 +922,7 @@ fn spawn_dra_driver(
             }
         })
     };
-    (task, published)
+    (c, task, published)
 }
 
 /// The devices kube-scheduler allocated to claim `ml/<name>`, as (pool, device).
@@ -940,11 +944,7 @@ async fn allocated_devices(c: &KubeCluster, name: &str) -> Vec<(String, String)>
 /// claim on it and binds the pod there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dra_claim_scales_its_group_once_and_kube_scheduler_binds_it_on_the_new_node() {
-    let c = KubeCluster::start(DRA_PROVIDERS, Options::default()).await;
-    for class in dra::device_classes() {
-        c.create(class).await;
-    }
-    let (dra_driver, published) = spawn_dra_driver(&c);
+    let (c, dra_driver, published) = dra_cluster().await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     c.create(dra::claim("eight", "gpu.nvidia.com", 8)).await;
@@ -975,11 +975,7 @@ async fn a_dra_claim_scales_its_group_once_and_kube_scheduler_binds_it_on_the_ne
 /// node once the slices are published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_of_dra_pods_scales_its_group_at_once_and_every_member_is_bound() {
-    let c = KubeCluster::start(DRA_PROVIDERS, Options::default()).await;
-    for class in dra::device_classes() {
-        c.create(class).await;
-    }
-    let (dra_driver, published) = spawn_dra_driver(&c);
+    let (c, dra_driver, published) = dra_cluster().await;
     let driver = c.spawn_driver(Duration::from_millis(100), 10);
     let replica = c.controller("a", fast_config(), no_scale_down(), false).await;
     for i in 0..4 {
