@@ -282,15 +282,16 @@ impl StatusPublisher {
         *self.fence.lock().unwrap_or_else(|p| p.into_inner()) = Some(fence);
     }
 
-    /// Whether a write may be issued now; logs the one that may not.
-    fn may_write(&self, what: &str) -> bool {
+    /// Whether a write may be issued now; logs the one that may not (`what` is only formatted
+    /// then: events are written by the thousand).
+    fn may_write(&self, what: impl FnOnce() -> String) -> bool {
         if self.is_dry_run() {
             return true;
         }
         let fence = self.fence.lock().unwrap_or_else(|p| p.into_inner());
         let holds = fence.as_ref().is_none_or(Fence::holds);
         if !holds {
-            tracing::debug!("status: {what} not written: this replica does not lead any more");
+            tracing::debug!("status: {} not written: this replica does not lead any more", what());
         }
         holds
     }
@@ -397,7 +398,7 @@ impl StatusPublisher {
             name.to_string(),
             reason.to_string(),
         );
-        if !self.may_write(&format!("event {reason} on {kind} {name}"))
+        if !self.may_write(|| format!("event {reason} on {kind} {name}"))
             || !self.memory().published.insert(key)
         {
             return;
@@ -562,7 +563,7 @@ impl StatusPublisher {
             data: Some(data),
             ..Default::default()
         };
-        if !self.may_write(&format!("ConfigMap {}/{name}", self.namespace)) {
+        if !self.may_write(|| format!("ConfigMap {}/{name}", self.namespace)) {
             return;
         }
         let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);

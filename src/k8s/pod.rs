@@ -671,31 +671,27 @@ fn use_gpu_types(value: &str) -> Vec<String> {
     models
 }
 
-/// Why a pending pod with scheduling gates is not demand: kube-scheduler does not try it until
-/// every gate is removed (Kueue gates the pods it has not admitted yet), so scaling for it would
-/// buy nodes nobody schedules onto, as Cluster Autoscaler and Karpenter also hold.
-fn scheduling_gated(spec: &k8s::PodSpec) -> Option<String> {
-    let gates = spec.scheduling_gates.as_deref().filter(|g| !g.is_empty())?;
-    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
-        return None;
-    }
-    let names: Vec<&str> = gates.iter().map(|g| g.name.as_str()).collect();
-    Some(format!(
-        "scheduling gated ({}): kube-scheduler leaves it until its gates are removed",
-        names.join(", ")
-    ))
-}
-
-/// A pending pod being deleted is not demand: kube-scheduler skips it (`skipPodSchedule`).
-fn being_deleted(
+/// Why a pending pod is not demand although it waits: kube-scheduler does not try a pod with
+/// scheduling gates until every gate is removed (Kueue gates the pods it has not admitted yet),
+/// nor one being deleted (`skipPodSchedule`); scaling for either would buy nodes nobody
+/// schedules onto, as Cluster Autoscaler and Karpenter also hold. `None` for bound pods.
+fn not_schedulable_yet(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     spec: &k8s::PodSpec,
 ) -> Option<String> {
-    meta.deletion_timestamp.as_ref()?;
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
         return None;
     }
-    Some("being deleted (metadata.deletionTimestamp is set): kube-scheduler does not schedule it".into())
+    if let Some(gates) = spec.scheduling_gates.as_deref().filter(|g| !g.is_empty()) {
+        let names: Vec<&str> = gates.iter().map(|g| g.name.as_str()).collect();
+        return Some(format!(
+            "scheduling gated ({}): kube-scheduler leaves it until its gates are removed",
+            names.join(", ")
+        ));
+    }
+    meta.deletion_timestamp.as_ref().map(|_| {
+        "being deleted (metadata.deletionTimestamp is set): kube-scheduler does not schedule it".into()
+    })
 }
 
 /// Converts a Pod; `None` for pods that no longer need resources (Succeeded, Failed).
@@ -809,7 +805,7 @@ pub fn convert_pod(
         gang_min_members,
         scheduler: spec.scheduler_name.clone().filter(|s| s != crate::model::DEFAULT_SCHEDULER),
         volumes: Vec::new(),
-        volume_blocked: scheduling_gated(spec).or_else(|| being_deleted(meta, spec)),
+        volume_blocked: not_schedulable_yet(meta, spec),
         dra_claims: Vec::new(),
         gang_topology_key: annotations
             .get("gpuscale.io/gang-topology")

@@ -832,8 +832,10 @@ impl<'a> Sim<'a> {
         for p in plan.placements.iter().filter(|p| !p.node_in_flight) {
             let Some(&i) = by_id.get(&p.pod) else { continue };
             let Some(n) = self.nodes.get(&p.node) else { continue };
-            let Ok(c) = fit::candidates(&n.live, &self.jobs.jobs[i].workload) else { continue };
-            let devices = if c.contains(&p.devices) { p.devices.clone() } else { c[0].clone() };
+            let Some(devices) = super::devices_to_bind(&n.live, &self.jobs.jobs[i].workload, &p.devices)
+            else {
+                continue;
+            };
             let node = p.node.clone();
             self.bind(i, &node, devices);
         }

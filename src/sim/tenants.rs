@@ -8,7 +8,6 @@
 use crate::model::{ClusterSnapshot, Node, Workload, GPU_MILLI};
 use crate::planner::decide::{decide, Command, DecideSettings, LoopState, Observed};
 use crate::planner::{self, PlanInput, PlannerSettings};
-use crate::scheduler::fit;
 use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
 use crate::scheduler::{Placement, Placer};
 use crate::tenancy::config::{CohortConfig, QuotaConfig, TenantConfig};
@@ -330,8 +329,9 @@ impl Live<'_, '_> {
                 continue;
             }
             let w = self.pods[i].w;
-            let Ok(c) = fit::candidates(&self.placer.nodes()[n], w) else { continue };
-            let devices = if c.contains(&p.devices) { p.devices.clone() } else { c[0].clone() };
+            let Some(devices) = super::devices_to_bind(&self.placer.nodes()[n], w, &p.devices) else {
+                continue;
+            };
             let placement = Placement { node: n, devices };
             self.placer.commit(w, &placement);
             self.start(i, placement, t);
