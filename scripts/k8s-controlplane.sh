@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes control plane the integration tests run against — kube-apiserver and
-# kube-scheduler from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3 — from the official Go
+# Builds the real Kubernetes control plane the integration tests run against — kube-apiserver,
+# kube-scheduler and kube-controller-manager (tests run the controllers they need: resourceclaim,
+# replicaset, garbage collector) from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3 — from the official Go
 # modules (tests/k8s/controlplane/go.mod pins the versions), and prints the folder holding them.
 #
 #   scripts/k8s-controlplane.sh        # prints e.g. target/k8s/v1.35.4-<hash>/
 #
 # Built once per pinned version and cached under target/k8s/ (ignored by git); the key is the
 # Kubernetes version and a hash of go.mod/go.sum, so a version bump rebuilds. A cold build takes
-# about 10 minutes on 2 cores (Go's module and build caches make later builds seconds).
+# 8-10 minutes on 2 cores (Go's module and build caches make later builds seconds).
 #
 # Environment:
 #   K8S_BIN_DIR   where to put the binaries (default: $CARGO_TARGET_DIR or ./target, /k8s/<key>).
@@ -26,7 +27,7 @@ version="$(awk '$1 == "k8s.io/kubernetes" {print $2}' "$module/go.mod")"
 hash="$(cat "$module/go.mod" "$module/go.sum" "$module"/cmd/*/main.go | sha256sum | cut -c1-12)"
 dest="${K8S_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/k8s/$version-$hash}"
 
-binaries=(etcd kube-apiserver kube-scheduler)
+binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager)
 complete=1
 for b in "${binaries[@]}"; do [[ -x "$dest/$b" ]] || complete=0; done
 if [[ $complete == 1 ]]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs and starts what the tests need (the moto AWS
-# API emulator, helm, the real Kubernetes control plane — etcd, kube-apiserver, kube-scheduler —
+# API emulator, helm, the real Kubernetes control plane — etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager —
 # built from the official Go modules and cached under target/k8s/, Kueue's manager likewise under
 # target/kueue/, and umoci and skopeo), then runs
 # formatting and lint checks, every test with every cargo feature, and the container image test.
@@ -45,7 +46,7 @@ command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq 
 [[ -x /usr/bin/time ]] || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
 GPUSCALE_K8S_BIN="$(scripts/k8s-controlplane.sh)" || { echo "test.sh: the Kubernetes control plane could not be built" >&2; exit 1; }
 export GPUSCALE_K8S_BIN
-echo "test.sh: kube-apiserver, kube-scheduler and etcd in $GPUSCALE_K8S_BIN" >&2
+echo "test.sh: kube-apiserver, kube-scheduler, kube-controller-manager and etcd in $GPUSCALE_K8S_BIN" >&2
 # Kueue's manager for the test of its ProvisioningRequest admission check (tests/k8s_kueue.rs),
 # built from the Go module proxy and cached under target/kueue/ like the control plane.
 command -v unshare >/dev/null || { apt-get update -qq && apt-get install -y -qq util-linux >/dev/null; }

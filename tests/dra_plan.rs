@@ -417,6 +417,36 @@ fn quotas_count_dra_gpus_and_mig_devices_like_device_plugin_ones() {
         );
     }
 
+    // A claim two pods share is allocated once and charged once: 4 running (two pods on one
+    // 4-GPU claim) + 4 asked = 8 fits; charged per pod it would be 12.
+    let mut objects = objects.clone();
+    objects.retain(|o| {
+        !["busy-a", "run-a", "mig-0", "mig-1"].contains(&o["metadata"]["name"].as_str().unwrap_or(""))
+    });
+    objects.push(allocated(
+        claim("shared", "gpu.nvidia.com", 4),
+        "h100-a",
+        &["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+        "a",
+    ));
+    objects.push(bound(pod("run-a", "shared", false), "h100-a"));
+    objects.push(bound(pod("run-b", "shared", false), "h100-a"));
+    let p = plan_with(objects.clone(), None, settings.clone());
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    assert_eq!(placed(&p).len(), 1, "{:?}", p.placements);
+    // Two pending pods on one unallocated 8-GPU claim are one 8-GPU demand, within the quota of 8.
+    let mut pending = device_classes();
+    pending.extend([
+        node("h100-b", H100, "h100", 8, 0),
+        slice("h100-b", gpus(8, H100)),
+        claim("pair", "gpu.nvidia.com", 8),
+        pod("pair-0", "pair", false),
+        pod("pair-1", "pair", false),
+    ]);
+    let p = plan_with(pending, None, settings.clone());
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    assert_eq!(placed(&p), vec![s("ml/pair-0", "h100-b"), s("ml/pair-1", "h100-b")]);
+
     // Workload classes see the form a claim asks for: whole GPUs are not an inference form here.
     let classes: gpuscale::tenancy::TenancyConfig = serde_yaml::from_str(
         "workloadClasses: {inference: [mig]}\ntenants: [{name: ml, match: {namespaces: [ml]}, quotas: {nvidia.com/gpu: {nominal: 16}}}]",
@@ -481,4 +511,186 @@ fn an_idle_dra_gpu_held_by_a_claim_is_reported() {
         .collect();
     assert_eq!(idle, vec![("h100-a", 0, uuid(0).as_str(), vec!["ml/run-a".to_string()], 7_200)]);
     assert!(p.idle_gpus[0].cost_per_hour > 0, "an eighth of the node's price");
+}
+
+/// A claim's time-slicing or MPS config (NVIDIA's `GpuConfig` in `spec.devices.config[].opaque`)
+/// is carried into the model: its GPUs are the shared form for workload classes, and a strategy
+/// the driver does not know is a warning naming the field.
+#[test]
+fn a_claims_sharing_config_makes_its_gpus_the_shared_form() {
+    let with_sharing = |name: &str, strategy: &str| {
+        let mut c = claim(name, "gpu.nvidia.com", 1);
+        c["spec"]["devices"]["config"] = json!([{"requests": ["gpus"], "opaque": {"driver": "gpu.nvidia.com",
+            "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": strategy, "timeSlicingConfig": {"interval": "Long"}}}}}]);
+        c
+    };
+    let serving = |name: &str, claim: &str| {
+        let mut p = pod(name, claim, false);
+        p["metadata"]["labels"]["gpuscale.io/workload-class"] = json!("inference");
+        p
+    };
+    let mut objects = device_classes();
+    objects.extend([
+        node("l4-a", L4, "l4", 4, 0),
+        slice("l4-a", gpus(4, L4)),
+        with_sharing("sliced", "TimeSlicing"),
+        claim("whole", "gpu.nvidia.com", 1),
+        serving("serve-sliced", "sliced"),
+        serving("serve-whole", "whole"),
+    ]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("test", o)).collect();
+    let snapshot = gpuscale::k8s::convert(&objs).unwrap().snapshot;
+    let sharing = |pod: &str| {
+        let w = snapshot.workloads.iter().find(|w| w.id == format!("ml/{pod}")).unwrap();
+        w.dra_claims[0].sharing.clone()
+    };
+    assert_eq!(sharing("serve-sliced").as_deref(), Some("TimeSlicing"));
+    assert_eq!(sharing("serve-whole"), None);
+
+    let tenancy: gpuscale::tenancy::TenancyConfig = serde_yaml::from_str(
+        "workloadClasses: {inference: [shared, mig]}\ntenants: [{name: ml, match: {namespaces: [ml]}, quotas: {nvidia.com/gpu: {nominal: 4}}}]",
+    )
+    .unwrap();
+    let settings = PlannerSettings { scale_down: false, tenancy: Some(tenancy), ..Default::default() };
+    let p = plan_with(objects, None, settings);
+    assert_eq!(placed(&p), vec![s("ml/serve-sliced", "l4-a")]);
+    assert_eq!(p.unschedulable.len(), 1, "{:?}", p.unschedulable);
+    assert_eq!(p.unschedulable[0].pod, "ml/serve-whole");
+    assert!(p.unschedulable[0].reason.contains("inference"), "{}", p.unschedulable[0].reason);
+
+    let mut objects = device_classes();
+    objects.extend([
+        node("l4-a", L4, "l4", 4, 0),
+        slice("l4-a", gpus(4, L4)),
+        with_sharing("odd", "Fractional"),
+        pod("p", "odd", false),
+    ]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("test", o)).collect();
+    let converted = gpuscale::k8s::convert(&objs).unwrap();
+    assert!(
+        converted.warnings.iter().any(|w| w.contains("ResourceClaim ml/odd")
+            && w.contains("spec.devices.config[0].opaque.parameters.sharing.strategy")
+            && w.contains("Fractional")),
+        "{:?}",
+        converted.warnings
+    );
+    assert_eq!(converted.snapshot.workloads[0].dra_claims[0].sharing, None);
+}
+
+/// A pod of a ReplicaSet on `node` with a claim generated from template `t` (named
+/// `<pod>-gpus-x7k2p`, allocated to `devices`), as kube-scheduler and the resourceclaim
+/// controller leave it.
+fn running_from_template(name: &str, t: &str, node: &str, devices: &[&str]) -> [Value; 2] {
+    let generated = format!("{name}-gpus-x7k2p");
+    let mut p = bound(pod(name, t, true), node);
+    p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train-6d4f", "uid": "rs", "controller": true}]);
+    p["status"]["resourceClaimStatuses"] = json!([{"name": "gpus", "resourceClaimName": generated}]);
+    let mut c = allocated(claim(&generated, "gpu.nvidia.com", devices.len() as u32), node, devices, name);
+    c["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": "p", "controller": true}]);
+    [p, c]
+}
+
+/// Scale-down moves a DRA pod only where its claim fits again: the claim generated for it is
+/// given up with the node, and a new one must be allocated elsewhere. With room for two GPUs on
+/// the other node the underused node goes; with one, it stays.
+#[test]
+fn scale_down_moves_a_dra_pod_only_where_its_claim_fits_again() {
+    let cluster = |busy: &[&str]| {
+        let mut objects = device_classes();
+        objects.extend([
+            node("h100-a", H100, "h100", 8, 0),
+            node("h100-b", H100, "h100", 8, 0),
+            slice("h100-a", gpus(8, H100)),
+            slice("h100-b", gpus(8, H100)),
+            template("two", "gpu.nvidia.com", 2, &[]),
+            template("many", "gpu.nvidia.com", busy.len() as u32, &[]),
+        ]);
+        objects.extend(running_from_template("big", "many", "h100-a", busy));
+        objects.extend(running_from_template("small", "two", "h100-b", &["gpu-0", "gpu-1"]));
+        objects
+    };
+    let groups = GROUPS.replace("targetSize: 0,\n         dra", "targetSize: 2,\n         dra");
+    let settings = PlannerSettings { scale_down: true, scale_down_utilization: 0.5, ..Default::default() };
+    let p = plan_with(
+        cluster(&["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"]),
+        Some(&groups),
+        settings.clone(),
+    );
+    let downs: Vec<(&str, Vec<(String, String)>)> =
+        p.scale_downs.iter().map(|d| (d.node.as_str(), d.moves.clone())).collect();
+    assert_eq!(downs, vec![("h100-b", vec![s("ml/small", "h100-a")])], "{:?}", p.kept);
+    assert!(p.scale_downs[0].reason.contains("GPU allocation 25%"), "{}", p.scale_downs[0].reason);
+
+    // Seven of h100-a's GPUs held: small's two GPUs fit nowhere else, h100-b stays.
+    let busy = ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6"];
+    let p = plan_with(cluster(&busy), Some(&groups), settings);
+    assert!(p.scale_downs.is_empty(), "{:?}", p.scale_downs);
+    let kept: Vec<(&str, &str)> = p.kept.iter().map(|k| (k.node.as_str(), k.reason.as_str())).collect();
+    assert!(kept.contains(&("h100-b", "its pods do not all fit on other nodes")), "{kept:?}");
+}
+
+/// A DRA GPU measured idle whose only holder opted in to reclaim counts as free for the
+/// scale-down test, as a device-plugin GPU does: h100-a (two of eight GPUs held, one of them idle
+/// for two hours) falls under a 20% threshold only then, and its pod moves to h100-b.
+#[test]
+fn an_idle_dra_gpu_of_a_pod_that_opted_in_frees_its_node_for_scale_down() {
+    use gpuscale::model::{GpuSample, NodeTelemetry, TelemetrySettings, TELEMETRY_ANNOTATION};
+    let now = 1_764_700_000;
+    let sample = |i: u32, idle: bool| GpuSample {
+        index: i as u8,
+        uuid: format!("GPU-{i:08x}-7c1e-4f2a-9a43-3b1d2c0e{i:04x}"),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        utilization_pct: Some(if idle { 0 } else { 90 }),
+        memory_used_bytes: 1 << 30,
+        memory_total_bytes: 80 << 30,
+        ecc_errors: 0,
+        healthy: true,
+        mig: vec![],
+        idle_since: idle.then_some(now - 7_200),
+    };
+    let telemetry = NodeTelemetry { sampled_at: now, gpus: vec![sample(0, true), sample(1, false)] };
+    let cluster = |opted_in: bool| {
+        let mut h100 = node("h100-a", H100, "h100", 8, 0);
+        h100["metadata"]["annotations"] = json!({TELEMETRY_ANNOTATION: telemetry.encode()});
+        let mut objects = device_classes();
+        objects.extend([
+            h100,
+            node("h100-b", H100, "h100", 8, 0),
+            slice("h100-a", gpus(8, H100)),
+            slice("h100-b", gpus(8, H100)),
+            template("two", "gpu.nvidia.com", 2, &[]),
+            template("four", "gpu.nvidia.com", 4, &[]),
+        ]);
+        let [mut p, c] = running_from_template("notebook", "two", "h100-a", &["gpu-0", "gpu-1"]);
+        if opted_in {
+            p["metadata"]["annotations"] = json!({"gpuscale.io/reclaim-idle": "true"});
+        }
+        objects.extend([p, c]);
+        objects.extend(running_from_template(
+            "train",
+            "four",
+            "h100-b",
+            &["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+        ));
+        objects
+    };
+    let groups = GROUPS.replace("targetSize: 0,\n         dra", "targetSize: 2,\n         dra");
+    let settings = PlannerSettings {
+        scale_down: true,
+        scale_down_utilization: 0.2,
+        telemetry: TelemetrySettings { idle_window: 3600, max_age: 600 },
+        ..Default::default()
+    };
+    let p = plan_with(cluster(false), Some(&groups), settings.clone());
+    assert_eq!(p.idle_gpus.len(), 1, "{:?}", p.idle_gpus);
+    assert!(!p.idle_gpus[0].reclaimable);
+    assert!(p.scale_downs.is_empty(), "25% held is not under 20%: {:?}", p.scale_downs);
+
+    let p = plan_with(cluster(true), Some(&groups), settings);
+    assert!(p.idle_gpus[0].reclaimable);
+    let downs: Vec<(&str, Vec<(String, String)>)> =
+        p.scale_downs.iter().map(|d| (d.node.as_str(), d.moves.clone())).collect();
+    assert_eq!(downs, vec![("h100-a", vec![s("ml/notebook", "h100-b")])], "{:?}", p.kept);
 }

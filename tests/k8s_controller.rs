@@ -893,7 +893,15 @@ accounts:
 /// published for, in order.
 async fn dra_cluster() -> (Arc<KubeCluster>, tokio::task::JoinHandle<()>, Arc<std::sync::Mutex<Vec<String>>>)
 {
-    let c = KubeCluster::start(DRA_PROVIDERS, Options::default()).await;
+    dra_cluster_of(DRA_PROVIDERS, Options::default()).await
+}
+
+/// [`dra_cluster`] of other groups and control plane options.
+async fn dra_cluster_of(
+    providers: &str,
+    options: Options,
+) -> (Arc<KubeCluster>, tokio::task::JoinHandle<()>, Arc<std::sync::Mutex<Vec<String>>>) {
+    let c = KubeCluster::start(providers, options).await;
     for class in dra::device_classes() {
         c.create(class).await;
     }
@@ -913,7 +921,10 @@ async fn dra_cluster() -> (Arc<KubeCluster>, tokio::task::JoinHandle<()>, Arc<st
                     if !ready || !h100 || published.lock().unwrap().contains(&name) {
                         continue;
                     }
-                    let slice = dra::slice(&name, dra::gpus(8, dra::H100));
+                    let mut slice = dra::slice(&name, dra::gpus(8, dra::H100));
+                    // Owned by its Node, as the kubelet plugin writes it (the garbage collector
+                    // removes slices whose owner is gone).
+                    slice["metadata"]["ownerReferences"][0]["uid"] = n["metadata"]["uid"].clone();
                     let path = "/apis/resource.k8s.io/v1/resourceslices";
                     if c.cp.raw("POST", path, Some(slice)).await.is_ok() {
                         published.lock().unwrap().push(name);
@@ -1001,6 +1012,100 @@ async fn a_gang_of_dra_pods_scales_its_group_at_once_and_every_member_is_bound()
     assert_eq!(published.lock().unwrap().len(), 4);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(c.set_target_calls(), vec![(0, 4)], "never scaled again");
+    replica.shutdown().await.unwrap();
+    driver.abort();
+    dra_driver.abort();
+    c.assert_rbac_allowed("a");
+}
+
+/// A ReplicaSet of one pod that gets `gpus` GPUs through a claim generated from its own
+/// ResourceClaimTemplate (both named `name`).
+fn dra_replica_set(name: &str, gpus: u32) -> [serde_json::Value; 2] {
+    let pod = dra::pod(name, name, true);
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]}}});
+    [dra::template(name, "gpu.nvidia.com", gpus, &[]), rs]
+}
+
+/// The pods of ReplicaSet `name` that run, with their nodes and the claims generated for them.
+async fn replica_pods(c: &KubeCluster, name: &str) -> Vec<(String, String, String)> {
+    let list = c.get("/api/v1/namespaces/ml/pods").await.unwrap();
+    let mut out = Vec::new();
+    for p in list["items"].as_array().unwrap() {
+        let owned = p["metadata"]["ownerReferences"][0]["name"] == name;
+        let running = p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null();
+        if owned && running {
+            out.push((
+                p["metadata"]["name"].as_str().unwrap().to_string(),
+                p["spec"]["nodeName"].as_str().unwrap_or_default().to_string(),
+                p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// Scale-down moves a DRA pod where its claim fits again, end to end with kube-controller-
+/// manager's resourceclaim, replicaset and garbage collector controllers: two H100 nodes, one with a 6-GPU pod, the
+/// other with a 2-GPU one (25% used). gpuscale drains the second; the ReplicaSet's new pod gets a
+/// new claim from the template, kube-scheduler allocates it on the first node's free GPUs, the
+/// old claim is deallocated and deleted with its pod, and that exact instance is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_underused_dra_node_is_drained_and_its_pods_claim_is_allocated_again_elsewhere() {
+    let h100 = "{name: gpu-h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: ";
+    assert!(DRA_PROVIDERS.contains(&format!("{h100}0")));
+    let providers = DRA_PROVIDERS.replace(&format!("{h100}0"), &format!("{h100}2"));
+    let controllers =
+        vec!["resourceclaim-controller", "replicaset-controller", "garbage-collector-controller"];
+    let (c, dra_driver, published) =
+        dra_cluster_of(&providers, Options { controllers, ..Default::default() }).await;
+    let nodes = c.register_all_ready().await;
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    c.wait_until(WAIT, "both slices published", || async { published.lock().unwrap().len() == 2 }).await;
+    let cordon = |node: &str, on: bool| {
+        let (c, path) = (c.clone(), format!("/api/v1/nodes/{node}"));
+        async move { c.cp.raw_patch(&path, &json!({"spec": {"unschedulable": on}})).await }
+    };
+    // small goes to the second node, big to the first (the other one cordoned meanwhile).
+    let (first, second) = (nodes[0].clone(), nodes[1].clone());
+    for (name, gpus, on, off) in [("small", 2, &second, &first), ("big", 6, &first, &second)] {
+        cordon(off, true).await;
+        for o in dra_replica_set(name, gpus) {
+            c.create(o).await;
+        }
+        c.wait_until(WAIT, name, || async { replica_pods(&c, name).await.len() == 1 }).await;
+        assert_eq!(&replica_pods(&c, name).await[0].1, on);
+        cordon(off, false).await;
+    }
+    let (old_pod, _, old_claim) = replica_pods(&c, "small").await.remove(0);
+    let second_instance = c.live_instances("gpu-h100").into_iter().find(|i| node_name(i) == second).unwrap();
+
+    let settings = PlannerSettings { scale_down_utilization: 0.5, ..Default::default() };
+    let replica = c.controller("a", fast_config(), settings, false).await;
+    c.wait_until(WAIT, "the underused node deleted", || async { c.node(&second).await.is_none() }).await;
+    c.wait_until(WAIT, "small running again", || async {
+        replica_pods(&c, "small").await.first().is_some_and(|(p, n, _)| p != &old_pod && n == &first)
+    })
+    .await;
+    assert_eq!(evictions(&c, &old_pod, 201), 1, "the pod left through the Eviction API");
+    let (_, _, new_claim) = replica_pods(&c, "small").await.remove(0);
+    assert_ne!(new_claim, old_claim);
+    let devices = allocated_devices(&c, &new_claim).await;
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    assert!(devices.iter().all(|(pool, _)| pool == &first), "{devices:?}");
+    c.wait_until(WAIT, "the old claim deleted", || async {
+        c.get(&format!("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/{old_claim}")).await.is_none()
+    })
+    .await;
+    assert_eq!(deleted_instances(&c), vec![vec![second_instance]], "that exact instance was deleted");
+    assert_eq!(c.group("gpu-h100").target_size, 1);
+    assert!(c.set_target_calls().is_empty(), "no scale-up: {:?}", c.set_target_calls());
+    assert_eq!(replica_pods(&c, "big").await[0].1, first, "big stays");
     replica.shutdown().await.unwrap();
     driver.abort();
     dra_driver.abort();

@@ -1,8 +1,8 @@
 //! DRA end to end (#22): the same snapshot planned by gpuscale and given to a real kube-apiserver
 //! and kube-scheduler 1.35, whose DynamicResources plugin allocates the claims. Every pending pod
 //! gpuscale places goes to the node kube-scheduler binds it to, and the pod gpuscale cannot place
-//! kube-scheduler leaves pending. Named ResourceClaims only: templates need the resourceclaim
-//! controller of kube-controller-manager, which this control plane does not run.
+//! kube-scheduler leaves pending: once with named ResourceClaims, once with ResourceClaimTemplates,
+//! whose claims kube-controller-manager's resourceclaim controller generates for each pod.
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
@@ -24,7 +24,13 @@ fn named_claim(name: &str, class: &str, count: u32, selectors: &[&str]) -> Value
     c
 }
 
-fn scenario() -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+/// The cluster, the claims and the pods. With `templates`, each pod but the shared claim's readers
+/// gets its claim from a ResourceClaimTemplate of the same name instead.
+fn scenario(templates: bool) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let own_claim = |name: &str, class: &str, count: u32, selectors: &[&str]| match templates {
+        true => template(name, class, count, selectors),
+        false => named_claim(name, class, count, selectors),
+    };
     let mut mig = Vec::new();
     for g in 0..2 {
         mig.push(mig_device(g, "3g.20gb", 9, 0, 4, "19968Mi"));
@@ -48,14 +54,14 @@ fn scenario() -> (Vec<Value>, Vec<Value>, Vec<Value>) {
     );
     let claims = vec![
         busy,
-        named_claim("four", "gpu.nvidia.com", 4, &[]),
-        named_claim(
+        own_claim("four", "gpu.nvidia.com", 4, &[]),
+        own_claim(
             "big-mem",
             "gpu.nvidia.com",
             1,
             &["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"],
         ),
-        named_claim(
+        own_claim(
             "mig-2g",
             "mig.nvidia.com",
             1,
@@ -67,7 +73,7 @@ fn scenario() -> (Vec<Value>, Vec<Value>, Vec<Value>) {
             1,
             &["device.attributes['gpu.nvidia.com'].productName.matches('H100')"],
         ),
-        named_claim(
+        own_claim(
             "five-l4",
             "gpu.nvidia.com",
             5,
@@ -75,19 +81,28 @@ fn scenario() -> (Vec<Value>, Vec<Value>, Vec<Value>) {
         ),
     ];
     let pods = vec![
-        pod("want4", "four", false),
-        pod("big", "big-mem", false),
-        pod("mig", "mig-2g", false),
+        pod("want4", "four", templates),
+        pod("big", "big-mem", templates),
+        pod("mig", "mig-2g", templates),
         pod("reader-0", "shared-h100", false),
         pod("reader-1", "shared-h100", false),
-        pod("too-many", "five-l4", false),
+        pod("too-many", "five-l4", templates),
     ];
     (base, claims, pods)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_scheduler_binds_dra_pods_where_the_plan_places_them() {
-    let (base, claims, pods) = scenario();
+    plan_and_kube_scheduler_agree(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_with_claim_templates_are_bound_where_the_plan_places_them() {
+    plan_and_kube_scheduler_agree(true).await;
+}
+
+async fn plan_and_kube_scheduler_agree(templates: bool) {
+    let (base, claims, pods) = scenario(templates);
     let all: Vec<Value> = base.iter().chain(&claims).chain(&pods).cloned().collect();
     let objects: Vec<SourcedObject> = all.iter().cloned().map(|o| SourcedObject::new("e2e", o)).collect();
     let snapshot = gpuscale::k8s::convert(&objects).expect("valid snapshot").snapshot;
@@ -110,7 +125,8 @@ async fn kube_scheduler_binds_dra_pods_where_the_plan_places_them() {
     assert_eq!(expected["ml/reader-0"].as_deref(), Some("h100-a"));
     assert_eq!(expected["ml/too-many"], None);
 
-    let cp = ControlPlane::start(Options::default()).await;
+    let controllers = if templates { vec!["resourceclaim-controller"] } else { vec![] };
+    let cp = ControlPlane::start(Options { controllers, ..Default::default() }).await;
     cp.ensure_namespace("ml").await;
     let post = |o: Value| {
         let cp = &cp;
@@ -177,4 +193,18 @@ async fn kube_scheduler_binds_dra_pods_where_the_plan_places_them() {
         .await
         .unwrap();
     assert_eq!(shared["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len), Some(1));
+    if templates {
+        // Each bound pod's claim was generated from its template, and allocated where it runs.
+        let list = cp.raw("GET", "/api/v1/namespaces/ml/pods/want4", None).await.unwrap();
+        let generated = list["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().unwrap();
+        let claim = cp
+            .raw("GET", &format!("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/{generated}"), None)
+            .await
+            .unwrap();
+        assert_eq!(claim["metadata"]["ownerReferences"][0]["name"], "want4", "{claim}");
+        let results =
+            claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
+        assert_eq!(results.len(), 4, "{claim}");
+        assert!(results.iter().all(|r| r["pool"] == "l4-a"), "{claim}");
+    }
 }

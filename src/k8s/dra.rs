@@ -13,7 +13,7 @@ use super::ConvertedNode;
 use crate::model::cel::{parse_quantity_nanos, AttrValue, Program, Semver};
 use crate::model::dra::{
     counter_key, AllocationMode, ClaimHold, DeviceSelector, DraClaim, DraDevice, DraRequest, MatchAttribute,
-    SubRequest,
+    SubRequest, NVIDIA_GPU_DRIVER,
 };
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::resource::v1 as resource;
@@ -97,6 +97,34 @@ pub(super) struct Dra {
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     format!("{}/{}", meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
+}
+
+/// The GPU sharing strategy NVIDIA's driver is configured with in a claim's opaque config
+/// (`GpuConfig`/`MigDeviceConfig` `sharing.strategy`: `TimeSlicing` or `MPS`). Another strategy
+/// is warned about and ignored: the driver would refuse the claim at prepare time.
+fn sharing_of(
+    ctx: &ObjCtx<'_>,
+    base: &str,
+    spec: &resource::ResourceClaimSpec,
+    warnings: &mut Vec<String>,
+) -> Option<String> {
+    let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
+    let mut out = None;
+    for (i, c) in configs.into_iter().flatten().enumerate() {
+        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == NVIDIA_GPU_DRIVER) else { continue };
+        let params = &opaque.parameters.0;
+        if !matches!(params["kind"].as_str(), Some("GpuConfig" | "MigDeviceConfig")) {
+            continue;
+        }
+        match params["sharing"]["strategy"].as_str() {
+            None => {}
+            Some(s @ ("TimeSlicing" | "MPS")) => out = Some(s.to_string()),
+            Some(other) => warnings.push(ctx.warning(format!(
+                "{base}.config[{i}].opaque.parameters.sharing.strategy: {other:?} is not a sharing strategy of {NVIDIA_GPU_DRIVER} (TimeSlicing, MPS); ignored"
+            ))),
+        }
+    }
+    out
 }
 
 /// Compiles `selectors[]` at `base`: an expression that does not compile is an error naming it.
@@ -435,6 +463,7 @@ impl Dra {
                 allocated_on: allocated_on.cloned().flatten(),
                 requests,
                 constraints,
+                sharing: sharing_of(&cctx, base, &spec, warnings),
             });
         }
         Ok(Ok(out))

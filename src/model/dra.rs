@@ -82,6 +82,15 @@ impl DraDevice {
         }
     }
 
+    /// What share of its physical GPU an NVIDIA device is, in milli-GPU: 1000 for a GPU, a MIG
+    /// device its profile's ([`super::mig::profile_milli`]); `None` for other devices.
+    pub fn gpu_milli(&self) -> Option<u64> {
+        if self.is_gpu() {
+            return Some(1000);
+        }
+        self.mig_profile().map(|p| super::mig::profile_milli(p, None))
+    }
+
     /// `productName` of an NVIDIA device.
     pub fn product_name(&self) -> Option<&str> {
         match self.nvidia("productName") {
@@ -245,6 +254,10 @@ pub struct DraClaim {
     /// Already allocated (its devices are taken in the node inventories).
     #[serde(default)]
     pub allocated: bool,
+    /// How the pods using it share its GPUs, from the driver's opaque config
+    /// (`spec.devices.config[].opaque`): NVIDIA's `sharing.strategy`, `TimeSlicing` or `MPS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<String>,
 }
 
 /// A claim's hold on a node's devices.
@@ -299,6 +312,29 @@ impl DraInventory {
         let used = self.used();
         let gpus = self.devices.iter().enumerate().filter(|(_, d)| d.is_gpu());
         gpus.fold((0, 0), |(n, f), (i, _)| (n + 1, f + usize::from(!used[i])))
+    }
+
+    /// Physical GPUs the devices are or live on (by UUID; a device without one counts as its own
+    /// GPU), and the milli-GPU of them that claims hold: a whole GPU 1000, a MIG device its
+    /// profile's share. MIG devices make a partitioned GPU partly used, not unused.
+    pub fn gpu_use(&self) -> (usize, u64) {
+        let used = self.used();
+        let mut per_gpu: BTreeMap<String, u64> = BTreeMap::new();
+        for (d, used) in self.devices.iter().zip(used) {
+            let Some(milli) = d.gpu_milli() else { continue };
+            let held = per_gpu.entry(d.gpu_uuid().map_or_else(|| d.id(), str::to_string)).or_default();
+            if used {
+                *held += milli;
+            }
+        }
+        (per_gpu.len(), per_gpu.values().map(|&m| m.min(1000)).sum())
+    }
+
+    /// The milli-GPU claims hold of `devices` (indices into [`Self::devices`]).
+    pub fn held_milli(&self, devices: &[u32]) -> u64 {
+        let used = self.used();
+        let held = devices.iter().filter(|&&d| used.get(d as usize) == Some(&true));
+        held.filter_map(|&d| self.devices[d as usize].gpu_milli()).sum::<u64>().min(1000)
     }
 
     /// Allocates the claims not yet held here, on top of what is held: per claim key, the
@@ -546,7 +582,14 @@ mod tests {
     }
 
     fn claim(key: &str, requests: Vec<DraRequest>) -> DraClaim {
-        DraClaim { key: key.into(), requests, constraints: vec![], allocated_on: None, allocated: false }
+        DraClaim {
+            key: key.into(),
+            requests,
+            constraints: vec![],
+            allocated_on: None,
+            allocated: false,
+            sharing: None,
+        }
     }
 
     fn req(name: &str, alts: Vec<SubRequest>) -> DraRequest {

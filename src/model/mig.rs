@@ -113,6 +113,16 @@ macro_rules! eight_slot_geometry {
     };
 }
 
+/// Whole-GPU milli of a MIG profile: its memory slices of the GPU's when `geometry` knows it,
+/// else from its name (`3g.20gb` is 3 of 7 compute slices).
+pub fn profile_milli(profile: &str, geometry: Option<&MigGeometry>) -> u64 {
+    if let Some(p) = geometry.and_then(|g| g.profile(profile)) {
+        return u64::from(p.memory_slices) * 1000 / u64::from(geometry.map_or(1, |g| g.memory_slices).max(1));
+    }
+    let slices = profile.split('g').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(7);
+    (slices.min(7) * 1000) / 7
+}
+
 /// Every profile name of the geometries above, each once.
 pub fn all_profiles() -> impl Iterator<Item = &'static str> {
     let all = [&A100_40GB, &A100_80GB, &H100_80GB, &H100_94GB, &H200_141GB, &A30_24GB];

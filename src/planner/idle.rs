@@ -1,7 +1,8 @@
 //! Idle GPUs: GPUs that pods hold but that the node's agent has measured idle for longer than
 //! the configured window. They are reported with what they cost; when every pod holding one opted
 //! in to reclaim (`gpuscale.io/reclaim-idle: "true"`), the GPU counts as free for the scale-down
-//! utilisation test, so the normal scale-down moves those pods and frees the node.
+//! utilisation test, so the normal scale-down moves those pods and frees the node. GPUs that
+//! claims hold through DRA (whole or as MIG devices) are found by UUID and count the same way.
 
 use super::cluster::{NodeInfo, Origin};
 use super::plan::IdleGpu;
@@ -51,7 +52,7 @@ pub(crate) fn find(
         if !newest.is_some_and(|now| t.is_fresh(now, settings.max_age)) {
             continue;
         }
-        let dra_gpus = node.dra.gpus().0;
+        let dra_gpus = node.dra.gpu_use().0;
         if node_info.origin != Origin::Ready || (node.gpus.is_empty() && dra_gpus == 0) {
             continue;
         }
@@ -82,9 +83,12 @@ pub(crate) fn find(
             if holders.is_empty() {
                 continue;
             }
-            // Reclaim frees room for the scale-down test, which weighs device-plugin GPUs.
-            if let Some(device) = plugin.filter(|_| holders.iter().all(|w| w.reclaim_idle)) {
-                out.reclaimable[n] += u64::from(GPU_MILLI - device.free_milli(geometry));
+            // Reclaim frees what the holders take of this GPU for the scale-down test.
+            if holders.iter().all(|w| w.reclaim_idle) {
+                out.reclaimable[n] += match plugin {
+                    Some(device) => u64::from(GPU_MILLI - device.free_milli(geometry)),
+                    None => node.dra.held_milli(&dra),
+                };
             }
             out.idle.push(IdleGpu {
                 node: node.name.clone(),

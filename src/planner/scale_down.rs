@@ -5,7 +5,7 @@ use super::cluster::{members_of, next_node, NodeInfo, Origin};
 use super::plan::{Kept, Replace, ScaleDown};
 use super::scale_up::pack_fresh;
 use super::{PlanInput, PlannerSettings};
-use crate::model::{DeviceAssignment, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload};
+use crate::model::{DeviceAssignment, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload, GPU_MILLI};
 use crate::scheduler::{Placement, Placer};
 use std::collections::BTreeMap;
 
@@ -27,15 +27,15 @@ pub(crate) struct ScaleDowns {
 }
 
 /// How much of a node is in use: GPU allocation for GPU nodes (device-plugin GPUs, else the
-/// GPUs it publishes through DRA), otherwise the larger of CPU and memory. GPU nodes are judged
-/// by their GPUs because that is what they cost.
+/// GPUs it publishes through DRA, whole or as MIG devices), otherwise the larger of CPU and
+/// memory. GPU nodes are judged by their GPUs because that is what they cost.
 pub fn utilization(node: &Node) -> f64 {
     if !node.gpus.is_empty() {
         return node.gpu_allocation();
     }
-    let (dra_gpus, dra_free) = node.dra.gpus();
+    let (dra_gpus, held) = node.dra.gpu_use();
     if dra_gpus > 0 {
-        return (dra_gpus - dra_free) as f64 / dra_gpus as f64;
+        return held as f64 / (dra_gpus as u64 * u64::from(GPU_MILLI)) as f64;
     }
     let cpu = node.allocated.cpu_milli as f64 / node.allocatable.cpu_milli.max(1) as f64;
     let mem = node.allocated.memory_bytes as f64 / node.allocatable.memory_bytes.max(1) as f64;
@@ -92,20 +92,40 @@ fn relocate(
     for (wi, devices) in pods {
         placer.release(&workloads[*wi], &Placement { node: from, devices: devices.clone() });
     }
-    let mut order: Vec<&(usize, DeviceAssignment)> = pods.iter().collect();
+    // Claims no pod left on the node uses are given up with it (the resourceclaim controller
+    // deletes a pod's generated claim and deallocates a named one nobody reserves): the moved
+    // pods need their claims allocated afresh where they go.
+    let freed = placer.free_unused_claims(from);
+    let moving: Vec<std::borrow::Cow<'_, Workload>> = pods
+        .iter()
+        .map(|(wi, _)| {
+            let w = &workloads[*wi];
+            if w.dra_claims.iter().any(|c| freed.iter().any(|(k, _)| k == &c.key)) {
+                let mut w = w.clone();
+                for c in w.dra_claims.iter_mut().filter(|c| freed.iter().any(|(k, _)| k == &c.key)) {
+                    (c.allocated, c.allocated_on) = (false, None);
+                }
+                std::borrow::Cow::Owned(w)
+            } else {
+                std::borrow::Cow::Borrowed(w)
+            }
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..pods.len()).collect();
     // Hardest to place first.
-    order.sort_by_key(|(wi, _)| {
-        let w = &workloads[*wi];
+    order.sort_by_key(|&i| {
+        let w = &moving[i];
         std::cmp::Reverse((w.gpu.gpu_milli(0, None, 1), w.requests.cpu_milli, w.requests.memory_bytes))
     });
     let mut moved = Vec::new();
-    for (wi, _) in order {
-        match placer.place_where(&workloads[*wi], &|n| n != from && allowed(n)) {
-            Ok(p) => moved.push((*wi, p)),
+    for i in order {
+        match placer.place_where(&moving[i], &|n| n != from && allowed(n)) {
+            Ok(p) => moved.push((i, p)),
             Err(_) => {
-                for (mwi, p) in &moved {
-                    placer.release(&workloads[*mwi], p);
+                for (i, p) in &moved {
+                    placer.release(&moving[*i], p);
                 }
+                placer.restore_claims(from, freed);
                 for (wi, devices) in pods {
                     placer.commit(&workloads[*wi], &Placement { node: from, devices: devices.clone() });
                 }
@@ -113,6 +133,7 @@ fn relocate(
             }
         }
     }
+    let moved: Vec<(usize, Placement)> = moved.into_iter().map(|(i, p)| (pods[i].0, p)).collect();
     for (wi, p) in &moved {
         info[p.node].pods.push((*wi, p.devices.clone()));
     }
@@ -158,8 +179,11 @@ pub(crate) fn plan(
             let node = &placer.nodes()[n];
             let price = info[n].group.map_or(0, |g| groups[g].price);
             // GPUs held idle by pods that opted in to reclaim count as free.
-            let reclaim =
-                reclaimable.get(n).copied().unwrap_or(0) as f64 / node.gpu_milli_capacity().max(1) as f64;
+            let capacity = match node.gpus.len() {
+                0 => node.dra.gpu_use().0 as u64 * u64::from(GPU_MILLI),
+                _ => node.gpu_milli_capacity(),
+            };
+            let reclaim = reclaimable.get(n).copied().unwrap_or(0) as f64 / capacity.max(1) as f64;
             ((utilization(node) - reclaim).max(0.0), price, node.name.clone(), n)
         })
         .filter(|(u, ..)| *u < settings.scale_down_utilization || settings.scale_down_utilization >= 1.0)
@@ -212,7 +236,8 @@ pub(crate) fn plan(
                     }
                 }
                 let node = &placer.nodes()[n];
-                let what = if node.gpus.is_empty() { "CPU and memory" } else { "GPU allocation" };
+                let gpus = !node.gpus.is_empty() || node.dra.gpu_use().0 > 0;
+                let what = if gpus { "GPU allocation" } else { "CPU and memory" };
                 out.scale_downs.push(ScaleDown {
                     node: name,
                     group: groups[gi].id.clone(),
@@ -342,5 +367,35 @@ mod tests {
         node.dra.claims.insert("ns/c".into(), ClaimHold { devices: (0..6).collect(), users: 1, fixed: true });
         // Six of eight GPUs held, though hardly any CPU is requested.
         assert_eq!(utilization(&node), 0.75);
+    }
+
+    #[test]
+    fn a_dra_mig_node_is_judged_by_the_share_of_its_gpus_that_mig_devices_hold() {
+        let mig = |gpu: u32, profile: &str, start: u32| {
+            let attr = |a: &str| format!("{NVIDIA_GPU_DRIVER}/{a}");
+            DraDevice {
+                driver: NVIDIA_GPU_DRIVER.into(),
+                pool: "n".into(),
+                name: format!("gpu-{gpu}-mig-{profile}-{start}"),
+                attributes: [
+                    (attr("type"), AttrValue::Str("mig".into())),
+                    (attr("profile"), AttrValue::Str(profile.into())),
+                    (attr("parentUUID"), AttrValue::Str(format!("GPU-{gpu}"))),
+                ]
+                .into(),
+                capacity: Default::default(),
+                consumes: Default::default(),
+            }
+        };
+        let mut node = Node::default();
+        // Two GPUs, each split into a 3g and a 4g device.
+        node.dra.devices =
+            vec![mig(0, "3g.40gb", 0), mig(0, "4g.40gb", 4), mig(1, "3g.40gb", 0), mig(1, "4g.40gb", 4)];
+        assert_eq!(node.dra.gpu_use(), (2, 0));
+        assert_eq!(utilization(&node), 0.0);
+        node.dra.claims.insert("ns/c".into(), ClaimHold { devices: vec![1], users: 1, fixed: true });
+        // A 4g device of one of two GPUs: 4/7 of a GPU of two, not "no GPU in use".
+        assert_eq!(node.dra.gpu_use(), (2, 571));
+        assert!((utilization(&node) - 0.2855).abs() < 1e-9, "{}", utilization(&node));
     }
 }

@@ -10,7 +10,7 @@ use crate::scheduler::placer::ShapeKey;
 use crate::scheduler::{Placement, Placer};
 use crate::tenancy::fair_share::{self, Claim};
 use crate::tenancy::preemption::{self, Choice, Claimant, RunningPod};
-use crate::tenancy::quota::{add, usage_of, Admission, Ledger, Tenants, Usage};
+use crate::tenancy::quota::{add, usage_paid, Admission, ClaimPayers, Ledger, Tenants, Usage};
 use crate::tenancy::{ResourceKind, TenancyConfig};
 use std::collections::HashSet;
 
@@ -30,6 +30,8 @@ pub(crate) struct Gate {
     pub now: i64,
     /// Spend per tenant (existing share of nodes plus planned scale-ups).
     spend: Vec<MicroDollarsPerHour>,
+    /// Who pays for each DRA claim (a shared claim is charged once).
+    payers: ClaimPayers,
     /// Preemption searches that found nothing since the last eviction planned: a pod of the same
     /// shape, tenant and priority finds nothing either until something changes. Without it a
     /// queue of thousands of pods costs thousands of searches over every running pod.
@@ -54,26 +56,44 @@ impl Gate {
         let now =
             now.unwrap_or_else(|| snapshot.workloads.iter().filter_map(|w| w.created_at).max().unwrap_or(0));
         // A running pod costs its tenant its share of the node's price (largest of GPU, CPU, memory).
+        let payers = ClaimPayers::of(&snapshot.workloads);
         let mut spend = vec![0u64; tenants.tenants.len()];
-        for (w, t) in snapshot.workloads.iter().zip(&tenant_of) {
+        for (i, (w, t)) in snapshot.workloads.iter().zip(&tenant_of).enumerate() {
             let (Some(t), Some(node_name)) = (t, &w.node_name) else { continue };
             let Some(node) = snapshot.nodes.iter().find(|n| &n.name == node_name) else { continue };
             let Some(g) = group_of(node, groups) else { continue };
             let gpu_cap = node.gpu_milli_capacity();
-            let gpu = usage_of(w, Some(node)).get(&ResourceKind::GpuEquivalent).copied().unwrap_or(0) as f64
-                / gpu_cap.max(1) as f64;
+            let gpu =
+                usage_paid(w, i, Some(node), &payers).get(&ResourceKind::GpuEquivalent).copied().unwrap_or(0)
+                    as f64
+                    / gpu_cap.max(1) as f64;
             let cpu = w.requests.cpu_milli as f64 / node.allocatable.cpu_milli.max(1) as f64;
             let mem = w.requests.memory_bytes as f64 / node.allocatable.memory_bytes.max(1) as f64;
             let share = if gpu_cap > 0 && !w.gpu.is_none() { gpu } else { cpu.max(mem) };
             spend[*t] += (groups[g].price as f64 * share.min(1.0)) as u64;
         }
-        Self { tenants, ledger, tenant_of, priority, now, spend, fruitless: HashSet::new(), running: None }
+        Self {
+            tenants,
+            ledger,
+            tenant_of,
+            priority,
+            now,
+            spend,
+            payers,
+            fruitless: HashSet::new(),
+            running: None,
+        }
     }
 
-    fn demand(workloads: &[Workload], unit: &Unit) -> Usage {
+    /// What snapshot workload `i` uses (on `node` when it runs there), shared claims paid once.
+    fn usage(&self, workloads: &[Workload], i: usize, node: Option<&crate::model::Node>) -> Usage {
+        usage_paid(&workloads[i], i, node, &self.payers)
+    }
+
+    fn demand(&self, workloads: &[Workload], unit: &Unit) -> Usage {
         let mut d = Usage::new();
         for &i in &unit.pods {
-            add(&mut d, &usage_of(&workloads[i], None));
+            add(&mut d, &self.usage(workloads, i, None));
         }
         d
     }
@@ -98,7 +118,7 @@ impl Gate {
                 tenant: self.unit_tenant(u),
                 priority: u.pods.iter().map(|&i| self.priority[i]).max().unwrap_or(0),
                 created_at: u.pods.iter().filter_map(|&i| workloads[i].created_at).min(),
-                demand: Self::demand(workloads, u),
+                demand: self.demand(workloads, u),
                 id: u.gang.clone().unwrap_or_else(|| workloads[u.pods[0]].id.clone()),
             })
             .collect();
@@ -202,7 +222,7 @@ impl Gate {
             return None;
         }
         // An admitted unit's quota is already charged; victims are sought as if it were not.
-        let demand = usage_of(w, None);
+        let demand = self.usage(&input.snapshot.workloads, unit.pods[0], None);
         let charged = if reclaim { None } else { self.unit_tenant(unit) };
         if let Some(t) = charged {
             self.ledger.release(t, &demand);
@@ -241,7 +261,7 @@ impl Gate {
                 if p.node_name.is_none() {
                     continue; // a pending pod this plan placed; nothing to evict
                 }
-                let usage = usage_of(p, Some(&placer.nodes()[n]));
+                let usage = self.usage(workloads, *pi, Some(&placer.nodes()[n]));
                 let gpus = usage.get(&ResourceKind::GpuEquivalent).copied().unwrap_or(0) as f64 / 1000.0;
                 let ran = p.created_at.map_or(0, |c| self.now.saturating_sub(c).max(0)) as f64;
                 running.push(RunningPod {
@@ -279,8 +299,8 @@ impl Gate {
         if self.running.is_none() {
             self.running = Some(self.running_pods(placer, info, workloads));
         }
+        let demand = self.usage(workloads, wi, None);
         let running = self.running.as_deref().unwrap_or_default();
-        let demand = usage_of(w, None);
         let claimant = Claimant {
             workload: w,
             tenant: self.tenant_of[wi],

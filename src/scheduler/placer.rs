@@ -7,6 +7,7 @@
 
 use super::fit::Unfit;
 use super::policy::{Policy, TieBreak};
+use crate::model::dra::ClaimHold;
 use crate::model::{
     DeviceAssignment, GpuDemand, Node, NodeId, NodeSelectorRequirement, Resources, Toleration, Workload,
     HOSTNAME_LABEL,
@@ -500,6 +501,31 @@ impl<'p> Placer<'p> {
             }
         }
         self.invalidate(placement.node);
+    }
+
+    /// Removes from `node` the snapshot's claim allocations no pod placed there uses any more,
+    /// and returns them for [`Placer::restore_claims`].
+    pub fn free_unused_claims(&mut self, node: NodeId) -> Vec<(String, ClaimHold)> {
+        let claims = &mut self.nodes[node].dra.claims;
+        // A snapshot allocation keeps one user of its own besides the pods placed with it.
+        let unused: Vec<String> =
+            claims.iter().filter(|(_, h)| h.fixed && h.users <= 1).map(|(k, _)| k.clone()).collect();
+        let freed: Vec<(String, ClaimHold)> =
+            unused.into_iter().filter_map(|k| claims.remove(&k).map(|h| (k, h))).collect();
+        for (key, _) in &freed {
+            self.claim_nodes.remove(key);
+        }
+        self.invalidate(node);
+        freed
+    }
+
+    /// Puts back what [`Placer::free_unused_claims`] removed.
+    pub fn restore_claims(&mut self, node: NodeId, claims: Vec<(String, ClaimHold)>) {
+        for (key, hold) in claims {
+            self.claim_nodes.insert(key.clone(), node);
+            self.nodes[node].dra.claims.insert(key, hold);
+        }
+        self.invalidate(node);
     }
 
     /// Forgets cached scores of a node whose state changed.

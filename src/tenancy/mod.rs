@@ -12,4 +12,4 @@ pub mod quota;
 pub use config::{FairShareMode, GpuForm, PreemptionConfig, ResourceKind, TenancyConfig, TenantConfig};
 pub use fair_share::{jain_index, Claim};
 pub use preemption::{Choice, Decision, RunningPod, VictimSet};
-pub use quota::{usage_of, Admission, Ledger, Tenant, Tenants, Usage};
+pub use quota::{usage_of, usage_paid, Admission, ClaimPayers, Ledger, Tenant, Tenants, Usage};

@@ -86,21 +86,45 @@ pub enum Admission {
     },
 }
 
-/// Whole-GPU milli of a MIG profile, from its name (`3g.20gb` is 3 of 7 compute slices), when no
-/// node tells the geometry.
-fn mig_profile_milli(profile: &str, geometry: Option<&mig::MigGeometry>) -> u64 {
-    if let Some(g) = geometry {
-        if let Some(p) = g.profile(profile) {
-            return u64::from(p.memory_slices) * 1000 / u64::from(g.memory_slices.max(1));
+/// Who pays for each DRA claim: a claim that several pods share (a named ResourceClaim) is
+/// charged once, to one of them, as its devices are allocated once. By claim key, the index of
+/// the paying workload: the first running pod that uses it, else the first pending one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClaimPayers(HashMap<String, usize>);
+
+impl ClaimPayers {
+    /// The payers of the claims of `workloads` (snapshot order).
+    pub fn of(workloads: &[Workload]) -> Self {
+        let mut payers = HashMap::new();
+        let (running, pending): (Vec<_>, Vec<_>) =
+            workloads.iter().enumerate().partition(|(_, w)| w.node_name.is_some());
+        for (i, w) in running.into_iter().chain(pending) {
+            for c in &w.dra_claims {
+                payers.entry(c.key.clone()).or_insert(i);
+            }
         }
+        Self(payers)
     }
-    let slices = profile.split('g').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(7);
-    (slices.min(7) * 1000) / 7
+
+    /// Whether workload `i` pays for claim `key`.
+    fn pays(&self, i: usize, key: &str) -> bool {
+        self.0.get(key).is_none_or(|&p| p == i)
+    }
 }
 
 /// What a workload uses of each kind; `node` (where it runs) tells MIG geometry and time-slicing
 /// replicas. A pending time-sliced replica counts as a whole GPU: conservative until placed.
+/// Every DRA claim of the workload counts; [`usage_paid`] counts a shared claim once.
 pub fn usage_of(w: &Workload, node: Option<&Node>) -> Usage {
+    usage_with(w, node, &|_| true)
+}
+
+/// [`usage_of`] of snapshot workload `i`, with only the DRA claims it pays for.
+pub fn usage_paid(w: &Workload, i: usize, node: Option<&Node>, payers: &ClaimPayers) -> Usage {
+    usage_with(w, node, &|key| payers.pays(i, key))
+}
+
+fn usage_with(w: &Workload, node: Option<&Node>, pays: &dyn Fn(&str) -> bool) -> Usage {
     let mut u = Usage::new();
     let gpu = node.and_then(|n| n.gpus.first());
     let eq = match &w.gpu {
@@ -125,10 +149,10 @@ pub fn usage_of(w: &Workload, node: Option<&Node>) -> Usage {
         }
         GpuDemand::Mig { profile, count } => {
             u.insert(ResourceKind::Mig(profile.clone()), u64::from(*count) * 1000);
-            u64::from(*count) * mig_profile_milli(profile, node.and_then(|n| n.mig_geometry()))
+            u64::from(*count) * mig::profile_milli(profile, node.and_then(|n| n.mig_geometry()))
         }
     };
-    let eq = eq + dra_usage(&mut u, w, node);
+    let eq = eq + dra_usage(&mut u, w, node, pays);
     if eq > 0 || !w.gpu.is_none() {
         u.insert(ResourceKind::GpuEquivalent, eq);
     }
@@ -137,8 +161,9 @@ pub fn usage_of(w: &Workload, node: Option<&Node>) -> Usage {
 
 /// Adds the GPUs `w` takes through DRA claims, as device-plugin GPUs count: the devices allocated
 /// to its claims on `node` when it runs there, else what its requests ask for (the first
-/// alternative; an `All` request counts once allocated). Returns their GPU-equivalent milli.
-fn dra_usage(u: &mut Usage, w: &Workload, node: Option<&Node>) -> u64 {
+/// alternative; an `All` request counts once allocated). Claims `pays` refuses are skipped.
+/// Returns their GPU-equivalent milli.
+fn dra_usage(u: &mut Usage, w: &Workload, node: Option<&Node>, pays: &dyn Fn(&str) -> bool) -> u64 {
     let mut eq = 0;
     let mut take = |u: &mut Usage, ask: GpuAsk, n: u64| match ask {
         GpuAsk::Whole => {
@@ -146,13 +171,13 @@ fn dra_usage(u: &mut Usage, w: &Workload, node: Option<&Node>) -> u64 {
             eq += n * 1000;
         }
         GpuAsk::Mig(profile) => {
-            eq += n * mig_profile_milli(&profile, None);
+            eq += n * mig::profile_milli(&profile, None);
             if !profile.is_empty() {
                 *u.entry(ResourceKind::Mig(profile)).or_default() += n * 1000;
             }
         }
     };
-    for claim in &w.dra_claims {
+    for claim in w.dra_claims.iter().filter(|c| pays(&c.key)) {
         if let Some((inv, hold)) = node.and_then(|n| n.dra.claims.get(&claim.key).map(|h| (&n.dra, h))) {
             for device in hold.devices.iter().filter_map(|&d| inv.devices.get(d as usize)) {
                 if device.is_gpu() {
@@ -184,11 +209,13 @@ pub fn form_of(gpu: &GpuDemand) -> Option<GpuForm> {
 }
 
 /// The GPU form a pod asks for through DRA claims (its first GPU request), for workload-class
-/// policies.
+/// policies: GPUs of a claim with a sharing strategy (time-slicing, MPS) are the shared form.
 fn dra_form(w: &Workload) -> Option<GpuForm> {
-    let mut asks =
-        w.dra_claims.iter().flat_map(|c| &c.requests).filter_map(|r| r.alternatives.first()?.gpu_ask());
-    asks.next().map(|a| match a {
+    let mut asks = w.dra_claims.iter().flat_map(|c| {
+        c.requests.iter().filter_map(move |r| Some((c.sharing.is_some(), r.alternatives.first()?.gpu_ask()?)))
+    });
+    asks.next().map(|(shared, a)| match a {
+        _ if shared => GpuForm::Shared,
         GpuAsk::Whole => GpuForm::Whole,
         GpuAsk::Mig(_) => GpuForm::Mig,
     })
@@ -320,10 +347,11 @@ impl Ledger {
     pub fn from_snapshot(tenants: &Tenants, snapshot: &ClusterSnapshot) -> Self {
         let mut ledger = Self::new(tenants);
         let nodes: HashMap<&str, &Node> = snapshot.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-        for w in &snapshot.workloads {
+        let payers = ClaimPayers::of(&snapshot.workloads);
+        for (i, w) in snapshot.workloads.iter().enumerate() {
             let Some(node) = &w.node_name else { continue };
             if let Some(t) = tenants.tenant_of(w) {
-                ledger.charge(t, &usage_of(w, nodes.get(node.as_str()).copied()));
+                ledger.charge(t, &usage_paid(w, i, nodes.get(node.as_str()).copied(), &payers));
             }
         }
         ledger

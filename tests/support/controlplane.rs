@@ -1,5 +1,6 @@
-//! A real Kubernetes control plane for integration tests: etcd, kube-apiserver and kube-scheduler
-//! built from the official Go modules by `scripts/k8s-controlplane.sh`, run on loopback ports in a
+//! A real Kubernetes control plane for integration tests: etcd, kube-apiserver, kube-scheduler and
+//! (for tests that need some of its controllers) kube-controller-manager, built from the official
+//! Go modules by `scripts/k8s-controlplane.sh`, run on loopback ports in a
 //! temporary folder, torn down (every process killed and reaped) when the value is dropped, also
 //! on panic.
 //!
@@ -30,15 +31,18 @@ pub struct Options {
     /// Serve watches from the API server's watch cache (the default); off sends them to etcd,
     /// so an etcd compaction is seen by watchers as `410 Gone`.
     pub watch_cache: bool,
+    /// kube-controller-manager's controllers to run (`resourceclaim-controller`,
+    /// `replicaset-controller`, ...); none starts no kube-controller-manager.
+    pub controllers: Vec<&'static str>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { scheduler: true, max_requests_inflight: 0, watch_cache: true }
+        Self { scheduler: true, max_requests_inflight: 0, watch_cache: true, controllers: Vec::new() }
     }
 }
 
-/// The folder with `etcd`, `kube-apiserver` and `kube-scheduler`.
+/// The folder with `etcd`, `kube-apiserver`, `kube-scheduler` and `kube-controller-manager`.
 pub fn binaries() -> PathBuf {
     static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
     let mut dir = DIR.lock().unwrap_or_else(|e| e.into_inner());
@@ -63,7 +67,7 @@ pub fn binaries() -> PathBuf {
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
     };
-    for b in ["etcd", "kube-apiserver", "kube-scheduler"] {
+    for b in ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"] {
         assert!(
             found.join(b).is_file(),
             "no {b} in {} (GPUSCALE_K8S_BIN or scripts/k8s-controlplane.sh)",
@@ -139,6 +143,7 @@ pub struct ControlPlane {
     etcd: Mutex<Child>,
     apiserver: Mutex<Option<Child>>,
     scheduler: Mutex<Option<Child>>,
+    controller_manager: Mutex<Option<Child>>,
     apiserver_args: Vec<String>,
     etcd_port: u16,
     /// `https://127.0.0.1:<port>`.
@@ -238,6 +243,7 @@ impl ControlPlane {
             etcd: Mutex::new(etcd),
             apiserver: Mutex::new(Some(apiserver)),
             scheduler: Mutex::new(None),
+            controller_manager: Mutex::new(None),
             apiserver_args,
             etcd_port,
             admin: kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap(),
@@ -274,12 +280,33 @@ impl ControlPlane {
                 &d.join("kube-scheduler.log"),
             );
             *me.scheduler.lock().unwrap() = Some(sched);
-            me.wait_scheduler(sched_port, Duration::from_secs(60)).await;
+            me.wait_healthy("kube-scheduler", &me.scheduler, sched_port, "/readyz").await;
+        }
+        if !options.controllers.is_empty() {
+            let kcm_port = free_port();
+            let kcm = spawn(
+                &bin.join("kube-controller-manager"),
+                &[
+                    format!("--kubeconfig={}", admin_kubeconfig.display()),
+                    format!("--controllers={}", options.controllers.join(",")),
+                    "--leader-elect=false".into(),
+                    format!("--secure-port={kcm_port}"),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--cert-dir={}", p("kcm-certs")),
+                    "--kube-api-qps=200".into(),
+                    "--kube-api-burst=400".into(),
+                    "--v=1".into(),
+                ],
+                &d.join("kube-controller-manager.log"),
+            );
+            *me.controller_manager.lock().unwrap() = Some(kcm);
+            me.wait_healthy("kube-controller-manager", &me.controller_manager, kcm_port, "/healthz").await;
         }
         me.startup = began.elapsed();
         eprintln!(
-            "controlplane: etcd, kube-apiserver{} ready in {:.1} s at {}",
+            "controlplane: etcd, kube-apiserver{}{} ready in {:.1} s at {}",
             if options.scheduler { ", kube-scheduler" } else { "" },
+            if options.controllers.is_empty() { "" } else { ", kube-controller-manager" },
             me.startup.as_secs_f64(),
             me.url
         );
@@ -406,21 +433,23 @@ impl ControlPlane {
         }
     }
 
-    /// Waits until kube-scheduler's `/readyz` says ok (its informers are synced).
-    async fn wait_scheduler(&self, port: u16, limit: Duration) {
+    /// Waits until component `name` says ok on `path` of its secure port (kube-scheduler's
+    /// `/readyz`: its informers are synced; kube-controller-manager's `/healthz`).
+    async fn wait_healthy(&self, name: &str, child: &Mutex<Option<Child>>, port: u16, path: &str) {
+        let limit = Duration::from_secs(60);
         let began = Instant::now();
-        let log = self.dir.path().join("kube-scheduler.log");
+        let log = self.dir.path().join(format!("{name}.log"));
         let client = insecure_client(&format!("https://127.0.0.1:{port}"), None);
         loop {
-            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            let req = http::Request::get(path).body(Vec::new()).unwrap();
             if client.request_text(req).await.is_ok_and(|t| t.trim() == "ok") {
                 return;
             }
-            let exited = self.scheduler.lock().unwrap().as_mut().and_then(|c| c.try_wait().ok().flatten());
+            let exited = child.lock().unwrap().as_mut().and_then(|c| c.try_wait().ok().flatten());
             if let Some(code) = exited {
-                panic!("kube-scheduler exited ({code}):\n{}", tail(&log, 40));
+                panic!("{name} exited ({code}):\n{}", tail(&log, 40));
             }
-            assert!(began.elapsed() < limit, "kube-scheduler not ready after {limit:?}:\n{}", tail(&log, 40));
+            assert!(began.elapsed() < limit, "{name} not ready after {limit:?}:\n{}", tail(&log, 40));
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -519,6 +548,9 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let unpoison = |m: &mut Mutex<Option<Child>>| m.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut c) = unpoison(&mut self.controller_manager) {
+            stop(&mut c);
+        }
         if let Some(mut c) = unpoison(&mut self.scheduler) {
             stop(&mut c);
         }
