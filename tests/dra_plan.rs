@@ -221,9 +221,16 @@ fn a_mig_claim_takes_a_free_mig_device() {
         objects.push(pod(&format!("mig-{i}"), "mig-2g", true));
     }
     let p = plan(objects, None);
-    // Two 2g.10gb instances exist: two pods run, the third waits.
+    // Two 2g.10gb instances exist: two pods run; the third is advised onto a GPU re-partitioned
+    // around the instance its neighbour takes.
     assert_eq!(placed(&p), vec![s("ml/mig-0", "a100-a"), s("ml/mig-1", "a100-a")]);
-    assert_eq!(p.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/mig-2"]);
+    assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
+    assert_eq!(p.mig_repartitions.len(), 1, "{}", p.to_table());
+    assert_eq!(p.mig_repartitions[0].pods, vec!["ml/mig-2".to_string()]);
+    assert_eq!(
+        p.mig_repartitions[0].disrupted_instances, 1,
+        "the 2g.10gb placed for mig-0 or mig-1 is kept in place"
+    );
 }
 
 #[test]
@@ -693,4 +700,68 @@ fn an_idle_dra_gpu_of_a_pod_that_opted_in_frees_its_node_for_scale_down() {
     let downs: Vec<(&str, Vec<(String, String)>)> =
         p.scale_downs.iter().map(|d| (d.node.as_str(), d.moves.clone())).collect();
     assert_eq!(downs, vec![("h100-a", vec![s("ml/notebook", "h100-b")])], "{:?}", p.kept);
+}
+
+/// MIG re-partitioning advice covers pods whose claims ask for `mig.nvidia.com` devices: the
+/// layouts come from the device names NVIDIA's driver gives (`gpu-<gpu>-mig-<id>-<start>-<size>`),
+/// the held devices stay where they are, and the pod is advised onto the re-partitioned GPU
+/// instead of waiting. A pod whose selectors the node's devices cannot meet gets no advice.
+#[test]
+fn mig_advice_repartitions_a_dra_gpu_for_a_pending_mig_claim() {
+    let mut devices = vec![
+        mig_device(0, "3g.20gb", 9, 0, 4, "19968Mi"),
+        mig_device(0, "2g.10gb", 14, 4, 2, "9856Mi"),
+        mig_device(0, "1g.5gb", 19, 6, 1, "4864Mi"),
+    ];
+    // GPU 1: two idle 3g.20gb devices.
+    devices.push(mig_device(1, "3g.20gb", 9, 0, 4, "19968Mi"));
+    devices.push(mig_device(1, "3g.20gb", 9, 4, 4, "19968Mi"));
+    let mig_template = |name: &str, profile: &str, count: u32, extra: &[&str]| {
+        let mut sel = vec![format!("device.attributes['gpu.nvidia.com'].profile == '{profile}'")];
+        sel.extend(extra.iter().map(|s| s.to_string()));
+        let sel: Vec<&str> = sel.iter().map(String::as_str).collect();
+        template(name, "mig.nvidia.com", count, &sel)
+    };
+    let busy = allocated(
+        claim("busy", "mig.nvidia.com", 3),
+        "a100-a",
+        &["gpu-0-mig-9-0-4", "gpu-0-mig-14-4-2", "gpu-0-mig-19-6-1"],
+        "run",
+    );
+    let mut objects = device_classes();
+    objects.extend([
+        node("a100-a", A100, "a100", 2, 0),
+        slice("a100-a", devices),
+        busy,
+        bound(pod("run", "busy", false), "a100-a"),
+        mig_template("two-1g", "1g.5gb", 2, &[]),
+        mig_template(
+            "h100-1g",
+            "1g.5gb",
+            1,
+            &["device.attributes['gpu.nvidia.com'].productName.matches('H100')"],
+        ),
+        pod("small", "two-1g", true),
+    ]);
+    let p = plan(objects.clone(), None);
+    assert!(p.placements.is_empty(), "no free 1g.5gb device: {:?}", p.placements);
+    assert_eq!(p.mig_repartitions.len(), 1, "{}", p.to_table());
+    let r = &p.mig_repartitions[0];
+    assert_eq!((r.node.as_str(), r.gpus.clone(), r.disrupted_instances), ("a100-a", vec![1], 0));
+    assert_eq!(r.pods, vec!["ml/small".to_string()]);
+    let ones = r.to_layout[0].iter().filter(|i| i.profile == "1g.5gb").count();
+    assert!(ones >= 2, "{:?}", r.to_layout);
+    // GPU 0 keeps its layout in the mig-parted config, GPU 1 gets the new one.
+    assert!(
+        r.mig_parted_config.contains("devices: [0]") && r.mig_parted_config.contains("devices: [1]"),
+        "{}",
+        r.mig_parted_config
+    );
+    assert!(p.unschedulable.iter().all(|u| u.pod != "ml/small"), "{:?}", p.unschedulable);
+
+    objects.retain(|o| o["metadata"]["name"] != "small");
+    objects.push(pod("picky", "h100-1g", true));
+    let p = plan(objects, None);
+    assert!(p.mig_repartitions.is_empty(), "{}", p.to_table());
+    assert_eq!(p.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/picky"]);
 }

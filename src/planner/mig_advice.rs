@@ -6,11 +6,18 @@
 //! [`MigGeometry::validate`]). GPUs are tried cheapest first: idle MIG GPUs, then idle GPUs with MIG
 //! off, then GPUs whose running instances would be restarted (a re-partition clears the GPU),
 //! fewest such instances first, and only with a layout that keeps those instances where they are.
+//!
+//! Nodes whose GPUs NVIDIA's DRA driver publishes get the same advice for pods whose claims ask
+//! for `mig.nvidia.com` devices of one profile: the driver names a MIG device after its physical
+//! placement (`gpu-<gpu>-mig-<profile id>-<start>-<size>`), which gives each GPU's layout, and it
+//! publishes the new devices once the MIG manager has applied the label. Nodes with partitionable
+//! devices (shared counters) are left out: there the allocator picks placements itself.
 
 use super::cluster::{NodeInfo, Origin};
 use super::plan::MigRepartition;
 use super::scale_up::pack_fresh;
 use super::{PlanInput, Unit};
+use crate::model::dra::{AllocationMode, DraDevice, GpuAsk};
 use crate::model::mig::{MigGeometry, MigPlacement};
 use crate::model::{
     DeviceAssignment, GpuCatalog, GpuDemand, GpuMode, Node, NodeGroup, NodeState, Resources, Workload,
@@ -30,6 +37,9 @@ struct GpuOption {
     used: Vec<MigPlacement>,
     /// MIG is off on this GPU now.
     mig_off: bool,
+    /// The DRA devices of this GPU that no claim holds (a re-partition removes them); empty for
+    /// device-plugin GPUs.
+    dra_free: Vec<u32>,
 }
 
 impl GpuOption {
@@ -73,15 +83,135 @@ fn options(node: &Node) -> Vec<GpuOption> {
                 current: instances.iter().map(|i| i.placement.clone()).collect(),
                 used: instances.iter().filter(|i| i.used).map(|i| i.placement.clone()).collect(),
                 mig_off: false,
+                dra_free: vec![],
             }),
-            GpuMode::Standard if d.is_idle() => {
-                Some(GpuOption { index: d.index, current: vec![], used: vec![], mig_off: true })
-            }
+            GpuMode::Standard if d.is_idle() => Some(GpuOption {
+                index: d.index,
+                current: vec![],
+                used: vec![],
+                mig_off: true,
+                dra_free: vec![],
+            }),
             _ => None,
         })
         .collect();
     out.sort_by_key(GpuOption::cost);
     out
+}
+
+/// The GPU and placement start NVIDIA's DRA driver names a device after: `gpu-<gpu>` for a GPU,
+/// `gpu-<gpu>-mig-<profile id>-<start>-<size>` for a MIG device.
+fn dra_placement(name: &str) -> Option<(u8, Option<u8>)> {
+    let rest = name.strip_prefix("gpu-")?;
+    match rest.split_once("-mig-") {
+        None => Some((rest.parse().ok()?, None)),
+        Some((gpu, mig)) => {
+            let parts: Vec<&str> = mig.split('-').collect();
+            let [_, start, _] = parts[..] else { return None };
+            Some((gpu.parse().ok()?, Some(start.parse().ok()?)))
+        }
+    }
+}
+
+/// Each DRA GPU of a node (whole or MIG) by index: its layout (empty for a whole GPU), the
+/// placements claims hold, and its devices no claim holds. `None` when the node has no NVIDIA
+/// GPUs through DRA, publishes partitionable devices, or names a device otherwise.
+#[allow(clippy::type_complexity)]
+fn dra_gpus(node: &Node) -> Option<BTreeMap<u8, (Vec<MigPlacement>, Vec<MigPlacement>, Vec<u32>, bool)>> {
+    let inv = &node.dra;
+    if !node.gpus.is_empty() || inv.devices.iter().any(|d| !d.consumes.is_empty()) {
+        return None;
+    }
+    let used = inv.used();
+    let mut gpus: BTreeMap<u8, (Vec<MigPlacement>, Vec<MigPlacement>, Vec<u32>, bool)> = BTreeMap::new();
+    for (i, d) in inv.devices.iter().enumerate() {
+        if d.gpu_milli().is_none() {
+            continue;
+        }
+        let (g, start) = dra_placement(&d.name)?;
+        let gpu = gpus.entry(g).or_default();
+        match (d.mig_profile(), start) {
+            (Some(profile), Some(start)) => {
+                let p = MigPlacement { profile: profile.to_string(), start };
+                if used[i] {
+                    gpu.1.push(p.clone());
+                }
+                gpu.0.push(p);
+            }
+            (None, None) => gpu.3 = used[i], // a whole GPU: held or not
+            _ => return None,
+        }
+        if !used[i] {
+            gpu.2.push(i as u32);
+        }
+    }
+    (!gpus.is_empty()).then_some(gpus)
+}
+
+/// [`options`] of a node whose GPUs come through DRA: MIG GPUs, and whole GPUs no claim holds.
+fn dra_options(node: &Node) -> Vec<GpuOption> {
+    let Some(gpus) = dra_gpus(node) else { return Vec::new() };
+    let mut out: Vec<GpuOption> = gpus
+        .into_iter()
+        .filter(|(_, (layout, _, _, whole_held))| !layout.is_empty() || !whole_held)
+        .map(|(index, (current, used, dra_free, _))| GpuOption {
+            index,
+            mig_off: current.is_empty(),
+            current,
+            used,
+            dra_free,
+        })
+        .collect();
+    out.sort_by_key(GpuOption::cost);
+    out
+}
+
+/// What a pending pod asks of MIG: a profile and how many instances, through the device plugin
+/// (`nvidia.com/mig-<profile>`) or through unallocated DRA claims whose requests all ask for
+/// exactly so many `mig.nvidia.com` devices of one named profile.
+fn mig_need(w: &Workload) -> Option<(String, usize)> {
+    if let GpuDemand::Mig { profile, count } = &w.gpu {
+        return Some((profile.clone(), *count as usize));
+    }
+    if !w.gpu.is_none() || w.dra_claims.is_empty() {
+        return None;
+    }
+    let mut need: Option<(String, usize)> = None;
+    for c in &w.dra_claims {
+        if c.allocated {
+            return None;
+        }
+        for r in &c.requests {
+            let [sub] = &r.alternatives[..] else { return None };
+            let (AllocationMode::ExactCount(n), Some(GpuAsk::Mig(p))) = (sub.mode, sub.gpu_ask()) else {
+                return None;
+            };
+            match &mut need {
+                _ if p.is_empty() => return None,
+                None => need = Some((p, n as usize)),
+                Some((q, m)) if *q == p => *m += n as usize,
+                Some(_) => return None,
+            }
+        }
+    }
+    need
+}
+
+/// Whether a DRA pod's selectors would take a new MIG device of `profile` on `node`: judged on a
+/// device the node publishes of that profile, else on one of another profile renamed (its
+/// capacities are then the other profile's).
+fn dra_selectors_take(node: &Node, w: &Workload, profile: &str) -> bool {
+    if w.dra_claims.is_empty() {
+        return true;
+    }
+    let migs = || node.dra.devices.iter().filter(|d| d.mig_profile().is_some());
+    let Some(like) = migs().find(|d| d.mig_profile() == Some(profile)).or_else(|| migs().next()) else {
+        return false;
+    };
+    let mut probe: DraDevice = like.clone();
+    let key = format!("{}/profile", crate::model::dra::NVIDIA_GPU_DRIVER);
+    probe.attributes.insert(key, crate::model::cel::AttrValue::Str(profile.to_string()));
+    w.dra_claims.iter().flat_map(|c| &c.requests).all(|r| r.alternatives.iter().any(|a| a.matches(&probe)))
 }
 
 /// The best new layout of one GPU for a pod needing `need` instances of `profile`, with
@@ -130,20 +260,20 @@ fn advise_node(
     workloads: &[Workload],
     pods: &[usize],
 ) -> NodeAdvice {
-    let options = options(node);
+    let options = if node.gpus.is_empty() { dra_options(node) } else { options(node) };
     let mut changes: Vec<Change> = Vec::new();
     let mut assigned: Vec<(usize, Vec<(u8, MigPlacement)>)> = Vec::new();
     let mut free: Resources = node.free();
     let mut demand: BTreeMap<String, usize> = BTreeMap::new();
     for &wi in pods {
-        if let GpuDemand::Mig { profile, count } = &workloads[wi].gpu {
-            *demand.entry(profile.clone()).or_default() += *count as usize;
+        if let Some((profile, count)) = mig_need(&workloads[wi]) {
+            *demand.entry(profile).or_default() += count;
         }
     }
     for &wi in pods {
         let w = &workloads[wi];
-        let GpuDemand::Mig { profile, count } = &w.gpu else { continue };
-        let need = *count as usize;
+        let Some((profile, need)) = mig_need(w) else { continue };
+        let profile = &profile;
         let Some(after) = free.checked_sub(&w.requests) else { continue };
         let saved = changes.clone();
         let mut got: Vec<(u8, MigPlacement)> = Vec::new();
@@ -270,7 +400,7 @@ pub(crate) fn advise(
     unplaced: Vec<Unit>,
 ) -> MigAdvice {
     let workloads = &input.snapshot.workloads;
-    let is_mig = |u: &Unit| u.gang.is_none() && matches!(workloads[u.pods[0]].gpu, GpuDemand::Mig { .. });
+    let is_mig = |u: &Unit| u.gang.is_none() && mig_need(&workloads[u.pods[0]]).is_some();
     let mut waiting: Vec<usize> = unplaced.iter().filter(|u| is_mig(u)).map(|u| u.pods[0]).collect();
     if waiting.is_empty() {
         return MigAdvice { repartitions: Vec::new(), remaining: unplaced };
@@ -297,8 +427,13 @@ pub(crate) fn advise(
         };
         let fits_node = |wi: &&usize| {
             let w = &workloads[**wi];
-            let GpuDemand::Mig { profile, .. } = &w.gpu else { return false };
-            geometry.profile(profile).is_some() && w.allowed_on(&node)
+            let Some((profile, _)) = mig_need(w) else { return false };
+            let served = if node.gpus.is_empty() {
+                w.gpu.is_none() && dra_selectors_take(&node, w, &profile)
+            } else {
+                w.dra_claims.is_empty()
+            };
+            served && geometry.profile(&profile).is_some() && w.allowed_on(&node)
         };
         let candidates: Vec<usize> = waiting.iter().filter(fits_node).copied().collect();
         if candidates.is_empty() {
@@ -333,7 +468,17 @@ pub(crate) fn advise(
             })
             .collect();
         let gone = Workload { id: format!("{}/mig-repartition", node.name), ..Default::default() };
-        if !withdrawn.is_empty() {
+        let dra_withdrawn: Vec<u32> =
+            changes.iter().flat_map(|c| c.option.dra_free.iter().copied()).collect();
+        if node.gpus.is_empty() {
+            // DRA: the free devices of the changed GPUs go; the pods' claims are served by
+            // devices the driver publishes after the change, so only their CPU and memory count.
+            placer.reserve_dra_devices(n, &gone.id, dra_withdrawn);
+            for (wi, _) in &advice.pods {
+                placer.commit(&workloads[*wi], &Placement { node: n, devices: DeviceAssignment::None });
+                info[n].pods.push((*wi, DeviceAssignment::None));
+            }
+        } else if !withdrawn.is_empty() {
             placer.commit(
                 &gone,
                 &Placement { node: n, devices: DeviceAssignment::Mig { instances: withdrawn } },
@@ -341,27 +486,36 @@ pub(crate) fn advise(
         }
         // A GPU switched from whole to MIG is no longer available whole.
         let switched: Vec<u8> = changes.iter().filter(|c| c.option.mig_off).map(|c| c.option.index).collect();
-        if !switched.is_empty() {
+        if !switched.is_empty() && !node.gpus.is_empty() {
             placer.commit(&gone, &Placement { node: n, devices: DeviceAssignment::Whole { gpus: switched } });
         }
-        for (wi, got) in &advice.pods {
-            let devices = DeviceAssignment::Mig { instances: got.clone() };
-            placer.commit(&workloads[*wi], &Placement { node: n, devices: devices.clone() });
-            info[n].pods.push((*wi, devices));
+        if !node.gpus.is_empty() {
+            for (wi, got) in &advice.pods {
+                let devices = DeviceAssignment::Mig { instances: got.clone() };
+                placer.commit(&workloads[*wi], &Placement { node: n, devices: devices.clone() });
+                info[n].pods.push((*wi, devices));
+            }
         }
 
         // The layouts of every GPU after the change, for the mig-parted config.
-        let after: Vec<(u8, Vec<MigPlacement>)> = node
-            .gpus
-            .iter()
-            .map(|d| match changes.iter().find(|c| c.option.index == d.index) {
-                Some(c) => (d.index, c.layout.clone()),
-                None => match &d.mode {
+        let current: Vec<(u8, Vec<MigPlacement>)> = match dra_gpus(&node) {
+            Some(gpus) => gpus.into_iter().map(|(g, (layout, ..))| (g, layout)).collect(),
+            None => node
+                .gpus
+                .iter()
+                .map(|d| match &d.mode {
                     GpuMode::Mig { instances, .. } => {
                         (d.index, instances.iter().map(|i| i.placement.clone()).collect())
                     }
                     _ => (d.index, Vec::new()),
-                },
+                })
+                .collect(),
+        };
+        let after: Vec<(u8, Vec<MigPlacement>)> = current
+            .into_iter()
+            .map(|(g, layout)| match changes.iter().find(|c| c.option.index == g) {
+                Some(c) => (g, c.layout.clone()),
+                None => (g, layout),
             })
             .collect();
         let (label, config) = mig_config(geometry, &after);

@@ -519,6 +519,16 @@ impl<'p> Placer<'p> {
         freed
     }
 
+    /// Takes DRA devices of `node` out of use for the rest of the plan (a MIG re-partition
+    /// removes them), held as claim `key`.
+    pub fn reserve_dra_devices(&mut self, node: NodeId, key: &str, devices: Vec<u32>) {
+        if devices.is_empty() {
+            return;
+        }
+        self.nodes[node].dra.claims.insert(key.to_string(), ClaimHold { devices, users: 1, fixed: true });
+        self.invalidate(node);
+    }
+
     /// Puts back what [`Placer::free_unused_claims`] removed.
     pub fn restore_claims(&mut self, node: NodeId, claims: Vec<(String, ClaimHold)>) {
         for (key, hold) in claims {
