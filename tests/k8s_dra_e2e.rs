@@ -2,7 +2,8 @@
 //! and kube-scheduler 1.35, whose DynamicResources plugin allocates the claims. Every pending pod
 //! gpuscale places goes to the node kube-scheduler binds it to, and the pod gpuscale cannot place
 //! kube-scheduler leaves pending: once with named ResourceClaims, once with ResourceClaimTemplates,
-//! whose claims kube-controller-manager's resourceclaim controller generates for each pod.
+//! whose claims kube-controller-manager's resourceclaim controller generates for each pod; and a
+//! node with GPUs both through the device plugin and through DRA.
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
@@ -101,9 +102,32 @@ async fn pods_with_claim_templates_are_bound_where_the_plan_places_them() {
     plan_and_kube_scheduler_agree(true).await;
 }
 
-async fn plan_and_kube_scheduler_agree(templates: bool) {
-    let (base, claims, pods) = scenario(templates);
-    let all: Vec<Value> = base.iter().chain(&claims).chain(&pods).cloned().collect();
+/// A node with four GPUs through the device plugin and four through DRA serves a pod of each
+/// kind; a second device-plugin pod finds no room (the DRA GPUs are not `nvidia.com/gpu`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_device_plugin_and_dra_gpus_binds_both_kinds_of_pod_as_planned() {
+    let mut base = device_classes();
+    base.extend([
+        node("h100-mixed", H100, "h100", 8, 4),
+        slice("h100-mixed", (4..8).map(|i| gpu_device(i, H100)).collect()),
+    ]);
+    let plugin = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
+          "spec": {"containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:25.01-py3", "resources": {
+              "requests": {"cpu": "1", "nvidia.com/gpu": "4"}, "limits": {"nvidia.com/gpu": "4"}}}]},
+          "status": {"phase": "Pending"}})
+    };
+    let pods = vec![pod("dra", "four", false), plugin("plugin"), plugin("plugin-2")];
+    let expected = plan_of(&base, &[claim("four", "gpu.nvidia.com", 4)], &pods);
+    assert_eq!(expected["ml/dra"].as_deref(), Some("h100-mixed"));
+    assert_eq!(expected["ml/plugin"].as_deref(), Some("h100-mixed"));
+    assert_eq!(expected["ml/plugin-2"], None);
+    bound_as_planned(&base, &[claim("four", "gpu.nvidia.com", 4)], &pods, expected, vec![]).await;
+}
+
+/// Where the plan puts each pending pod (`None`: unschedulable).
+fn plan_of(base: &[Value], claims: &[Value], pods: &[Value]) -> BTreeMap<String, Option<String>> {
+    let all: Vec<Value> = base.iter().chain(claims).chain(pods).cloned().collect();
     let objects: Vec<SourcedObject> = all.iter().cloned().map(|o| SourcedObject::new("e2e", o)).collect();
     let snapshot = gpuscale::k8s::convert(&objects).expect("valid snapshot").snapshot;
     let plan = planner::plan(
@@ -118,14 +142,52 @@ async fn plan_and_kube_scheduler_agree(templates: bool) {
         expected.insert(u.pod.clone(), None);
     }
     assert_eq!(expected.len(), pods.len(), "{plan:?}");
+    expected
+}
+
+async fn plan_and_kube_scheduler_agree(templates: bool) {
+    let (base, claims, pods) = scenario(templates);
+    let expected = plan_of(&base, &claims, &pods);
     // The plan itself (so a silent agreement on nothing cannot pass).
     assert_eq!(expected["ml/want4"].as_deref(), Some("l4-a"));
     assert_eq!(expected["ml/big"].as_deref(), Some("h100-a"));
     assert_eq!(expected["ml/mig"].as_deref(), Some("a100-a"));
     assert_eq!(expected["ml/reader-0"].as_deref(), Some("h100-a"));
     assert_eq!(expected["ml/too-many"], None);
-
     let controllers = if templates { vec!["resourceclaim-controller"] } else { vec![] };
+    let cp = bound_as_planned(&base, &claims, &pods, expected, controllers).await;
+    // kube-scheduler allocated the shared claim once, on the node both readers run on.
+    let shared = cp
+        .raw("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/shared-h100", None)
+        .await
+        .unwrap();
+    assert_eq!(shared["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len), Some(1));
+    if templates {
+        // Each bound pod's claim was generated from its template, and allocated where it runs.
+        let list = cp.raw("GET", "/api/v1/namespaces/ml/pods/want4", None).await.unwrap();
+        let generated = list["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().unwrap();
+        let claim = cp
+            .raw("GET", &format!("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/{generated}"), None)
+            .await
+            .unwrap();
+        assert_eq!(claim["metadata"]["ownerReferences"][0]["name"], "want4", "{claim}");
+        let results =
+            claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
+        assert_eq!(results.len(), 4, "{claim}");
+        assert!(results.iter().all(|r| r["pool"] == "l4-a"), "{claim}");
+    }
+}
+
+/// Creates the objects in a real control plane (running `controllers` of
+/// kube-controller-manager) and requires kube-scheduler to bind every pod where `expected` says,
+/// and to leave unschedulable the pods it says have no node.
+async fn bound_as_planned(
+    base: &[Value],
+    claims: &[Value],
+    pods: &[Value],
+    expected: BTreeMap<String, Option<String>>,
+    controllers: Vec<&'static str>,
+) -> ControlPlane {
     let cp = ControlPlane::start(Options { controllers, ..Default::default() }).await;
     cp.ensure_namespace("ml").await;
     let post = |o: Value| {
@@ -143,25 +205,24 @@ async fn plan_and_kube_scheduler_agree(templates: bool) {
             created
         }
     };
-    for o in base.iter().chain(&claims) {
+    for o in base.iter().chain(claims) {
         post(o.clone()).await;
     }
-    // The running allocation is in place before any pod is scheduled (else h100-a would have
-    // room for the four-GPU claim too).
-    let busy =
-        cp.raw("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/busy", None).await.unwrap();
-    assert_eq!(
-        busy["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len),
-        Some(5),
-        "{busy}"
-    );
+    // Allocations of running claims are in place before any pod is scheduled (else their
+    // devices would look free).
+    for c in claims.iter().filter(|c| !c["status"]["allocation"].is_null()) {
+        let path = controlplane::object_path(c);
+        let now = cp.raw("GET", &path, None).await.unwrap();
+        let results = |c: &Value| c["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len);
+        assert_eq!(results(&now), results(c), "{now}");
+    }
     for n in base.iter().filter(|o| o["kind"] == "Node") {
         // Lift the not-ready taint admission gave the new Node, as the node lifecycle controller
         // does for a Ready node.
         let path = format!("/api/v1/nodes/{}", n["metadata"]["name"].as_str().unwrap());
         cp.raw_patch(&path, &json!({"spec": {"taints": null}})).await;
     }
-    for p in &pods {
+    for p in pods {
         post(p.clone()).await;
     }
 
@@ -187,24 +248,5 @@ async fn plan_and_kube_scheduler_agree(templates: bool) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(got, expected, "kube-scheduler (left) and the plan (right) disagree\n{}", cp.scheduler_log());
-    // kube-scheduler allocated the shared claim once, on the node both readers run on.
-    let shared = cp
-        .raw("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/shared-h100", None)
-        .await
-        .unwrap();
-    assert_eq!(shared["status"]["allocation"]["devices"]["results"].as_array().map(Vec::len), Some(1));
-    if templates {
-        // Each bound pod's claim was generated from its template, and allocated where it runs.
-        let list = cp.raw("GET", "/api/v1/namespaces/ml/pods/want4", None).await.unwrap();
-        let generated = list["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().unwrap();
-        let claim = cp
-            .raw("GET", &format!("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/{generated}"), None)
-            .await
-            .unwrap();
-        assert_eq!(claim["metadata"]["ownerReferences"][0]["name"], "want4", "{claim}");
-        let results =
-            claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
-        assert_eq!(results.len(), 4, "{claim}");
-        assert!(results.iter().all(|r| r["pool"] == "l4-a"), "{claim}");
-    }
+    cp
 }

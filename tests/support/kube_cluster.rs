@@ -4,7 +4,8 @@
 //! turns Ready after [`KubeCluster::ready_after`]), the real kube-scheduler binds pods, and the
 //! harness marks bound pods Running, finishes pod deletions once their grace period is over,
 //! removes pods of deleted nodes (the pod garbage collector) and keeps PodDisruptionBudget status
-//! current (the disruption controller), since no kube-controller-manager runs.
+//! current (the disruption controller), since kube-controller-manager runs only the controllers a
+//! test asks for (`Options::controllers`: resourceclaim, replicaset, garbage collector).
 //!
 //! Controller replicas run as ServiceAccounts bound to exactly the RBAC that `helm template`
 //! renders for `charts/gpuscale`.
