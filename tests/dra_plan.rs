@@ -120,7 +120,7 @@ fn a_ready_node_whose_gpus_come_through_slices_is_ready_capacity() {
     let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
     let snap = gpuscale::k8s::convert(&objs).unwrap().snapshot;
     assert_eq!(snap.nodes[0].state, gpuscale::model::NodeState::Ready);
-    assert_eq!(snap.nodes[0].dra.gpus(), (8, 8));
+    assert_eq!(snap.nodes[0].dra.gpu_use(), (8, 0));
     assert!(snap.nodes[0].gpus.is_empty(), "no nvidia.com/gpu for device-plugin pods");
     // Without its slice, the same node still waits for a device plugin.
     let objs: Vec<SourcedObject> =
@@ -450,9 +450,21 @@ fn quotas_count_dra_gpus_and_mig_devices_like_device_plugin_ones() {
         pod("pair-0", "pair", false),
         pod("pair-1", "pair", false),
     ]);
+    let pending_objects = pending.clone();
     let p = plan_with(pending, None, settings.clone());
     assert!(p.unschedulable.is_empty(), "{:?}", p.unschedulable);
     assert_eq!(placed(&p), vec![s("ml/pair-0", "h100-b"), s("ml/pair-1", "h100-b")]);
+    // Over a quota of 4, neither pod of the 8-GPU claim runs: the one refused first leaves the
+    // claim unpaid, not free for the other.
+    let four: gpuscale::tenancy::TenancyConfig = serde_yaml::from_str(
+        "tenants: [{name: ml, match: {namespaces: [ml]}, quotas: {nvidia.com/gpu: {nominal: 4}}}]",
+    )
+    .unwrap();
+    let small = PlannerSettings { scale_down: false, tenancy: Some(four), ..Default::default() };
+    let p = plan_with(pending_objects.clone(), None, small);
+    assert!(placed(&p).is_empty(), "{:?}", p.placements);
+    assert_eq!(p.unschedulable.len(), 2, "{:?}", p.unschedulable);
+    assert!(p.unschedulable.iter().all(|u| u.reason.contains("quota")), "{:?}", p.unschedulable);
 
     // Workload classes see the form a claim asks for: whole GPUs are not an inference form here.
     let classes: gpuscale::tenancy::TenancyConfig = serde_yaml::from_str(
@@ -760,8 +772,30 @@ fn mig_advice_repartitions_a_dra_gpu_for_a_pending_mig_claim() {
     assert!(p.unschedulable.iter().all(|u| u.pod != "ml/small"), "{:?}", p.unschedulable);
 
     objects.retain(|o| o["metadata"]["name"] != "small");
-    objects.push(pod("picky", "h100-1g", true));
-    let p = plan(objects, None);
+    let mut picky = objects.clone();
+    picky.push(pod("picky", "h100-1g", true));
+    let p = plan(picky, None);
     assert!(p.mig_repartitions.is_empty(), "{}", p.to_table());
     assert_eq!(p.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/picky"]);
+
+    // No advice for a claim two pods share (allocated once, for both), nor for one whose requests
+    // are constrained to one GPU (a layout of free instances cannot promise that).
+    let mut one_1g = claim("one-1g", "mig.nvidia.com", 1);
+    one_1g["spec"]["devices"]["requests"][0]["exactly"]["selectors"] =
+        json!([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"}}]);
+    let mut constrained = one_1g.clone();
+    constrained["metadata"]["name"] = json!("pinned-1g");
+    constrained["spec"]["devices"]["constraints"] = json!([{"matchAttribute": "gpu.nvidia.com/parentUUID"}]);
+    for (extra, pods) in [
+        (one_1g, vec![pod("r0", "one-1g", false), pod("r1", "one-1g", false)]),
+        (constrained, vec![pod("c0", "pinned-1g", false)]),
+    ] {
+        let mut objects = objects.clone();
+        objects.push(extra);
+        let n = pods.len();
+        objects.extend(pods);
+        let p = plan(objects, None);
+        assert!(p.mig_repartitions.is_empty(), "{}", p.to_table());
+        assert_eq!(p.unschedulable.len(), n, "{:?}", p.unschedulable);
+    }
 }

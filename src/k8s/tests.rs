@@ -1191,7 +1191,7 @@ fn dra_slices_give_nodes_devices_and_allocated_claims_take_them() {
     );
     assert_eq!(d.capacity["gpu.nvidia.com/memory"], 23_034i128 * (1 << 20) * 1_000_000_000);
     assert_eq!(n.dra.claims["ml/run-gpu-x1"].devices, vec![1]);
-    assert_eq!(n.dra.gpus(), (2, 1));
+    assert_eq!(n.dra.gpu_use(), (2, 1000), "two GPUs, one held");
     let run = &l.snapshot.workloads[0];
     assert_eq!(run.dra_claims[0].key, "ml/run-gpu-x1");
     assert!(run.dra_claims[0].allocated);

@@ -307,13 +307,6 @@ impl DraInventory {
         used
     }
 
-    /// Whole GPUs (NVIDIA `type: gpu`) published, and how many are free.
-    pub fn gpus(&self) -> (usize, usize) {
-        let used = self.used();
-        let gpus = self.devices.iter().enumerate().filter(|(_, d)| d.is_gpu());
-        gpus.fold((0, 0), |(n, f), (i, _)| (n + 1, f + usize::from(!used[i])))
-    }
-
     /// Physical GPUs the devices are or live on (by UUID; a device without one counts as its own
     /// GPU), and the milli-GPU of them that claims hold: a whole GPU 1000, a MIG device its
     /// profile's share. MIG devices make a partitioned GPU partly used, not unused.
@@ -615,7 +608,7 @@ mod tests {
         // A shared claim already held is not allocated twice; releasing the last user frees it.
         assert_eq!(inv.allocate(std::slice::from_ref(&c)), Some(vec![]));
         inv.release(std::slice::from_ref(&c));
-        assert_eq!(inv.gpus(), (4, 4));
+        assert_eq!(inv.gpu_use(), (4, 0));
     }
 
     #[test]

@@ -168,7 +168,8 @@ fn dra_options(node: &Node) -> Vec<GpuOption> {
 
 /// What a pending pod asks of MIG: a profile and how many instances, through the device plugin
 /// (`nvidia.com/mig-<profile>`) or through unallocated DRA claims whose requests all ask for
-/// exactly so many `mig.nvidia.com` devices of one named profile.
+/// exactly so many `mig.nvidia.com` devices of one named profile, without constraints between
+/// them (which a layout of free instances alone cannot promise).
 fn mig_need(w: &Workload) -> Option<(String, usize)> {
     if let GpuDemand::Mig { profile, count } = &w.gpu {
         return Some((profile.clone(), *count as usize));
@@ -178,7 +179,7 @@ fn mig_need(w: &Workload) -> Option<(String, usize)> {
     }
     let mut need: Option<(String, usize)> = None;
     for c in &w.dra_claims {
-        if c.allocated {
+        if c.allocated || !c.constraints.is_empty() {
             return None;
         }
         for r in &c.requests {
@@ -400,7 +401,16 @@ pub(crate) fn advise(
     unplaced: Vec<Unit>,
 ) -> MigAdvice {
     let workloads = &input.snapshot.workloads;
-    let is_mig = |u: &Unit| u.gang.is_none() && mig_need(&workloads[u.pods[0]]).is_some();
+    // A claim several pods share is allocated once, for all of them: advice per pod would hand
+    // each its own instances, so such pods get none.
+    let mut users: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in workloads.iter().flat_map(|w| &w.dra_claims) {
+        *users.entry(c.key.as_str()).or_default() += 1;
+    }
+    let is_mig = |u: &Unit| {
+        let w = &workloads[u.pods[0]];
+        u.gang.is_none() && mig_need(w).is_some() && w.dra_claims.iter().all(|c| users[c.key.as_str()] == 1)
+    };
     let mut waiting: Vec<usize> = unplaced.iter().filter(|u| is_mig(u)).map(|u| u.pods[0]).collect();
     if waiting.is_empty() {
         return MigAdvice { repartitions: Vec::new(), remaining: unplaced };
@@ -446,11 +456,22 @@ pub(crate) fn advise(
         if advice.pods.is_empty() {
             continue;
         }
-        // Only the GPUs a placed pod uses change.
+        // Only the GPUs a placed pod uses change, and a "change" to the current layout is none.
         let used_gpus: Vec<u8> =
             advice.pods.iter().flat_map(|(_, got)| got.iter().map(|(g, _)| *g)).collect();
-        let changes: Vec<&Change> =
-            advice.changes.iter().filter(|c| used_gpus.contains(&c.option.index)).collect();
+        let sorted = |l: &[MigPlacement]| {
+            let mut l: Vec<(String, u8)> = l.iter().map(|p| (p.profile.clone(), p.start)).collect();
+            l.sort();
+            l
+        };
+        let changes: Vec<&Change> = advice
+            .changes
+            .iter()
+            .filter(|c| used_gpus.contains(&c.option.index) && sorted(&c.layout) != sorted(&c.option.current))
+            .collect();
+        if changes.is_empty() {
+            continue; // the instances exist already: what keeps the pods waiting is not the layout
+        }
         let mut pods: Vec<String> = advice.pods.iter().map(|(wi, _)| workloads[*wi].id.clone()).collect();
         pods.sort();
         waiting.retain(|wi| !advice.pods.iter().any(|(p, _)| p == wi));

@@ -30,16 +30,22 @@ pub(crate) struct ScaleDowns {
 /// GPUs it publishes through DRA, whole or as MIG devices), otherwise the larger of CPU and
 /// memory. GPU nodes are judged by their GPUs because that is what they cost.
 pub fn utilization(node: &Node) -> f64 {
-    if !node.gpus.is_empty() {
-        return node.gpu_allocation();
-    }
-    let (dra_gpus, held) = node.dra.gpu_use();
-    if dra_gpus > 0 {
-        return held as f64 / (dra_gpus as u64 * u64::from(GPU_MILLI)) as f64;
+    let (capacity, used) = gpu_milli(node);
+    if capacity > 0 {
+        return used as f64 / capacity as f64;
     }
     let cpu = node.allocated.cpu_milli as f64 / node.allocatable.cpu_milli.max(1) as f64;
     let mem = node.allocated.memory_bytes as f64 / node.allocatable.memory_bytes.max(1) as f64;
     cpu.max(mem)
+}
+
+/// A node's GPU capacity and what pods hold of it, in milli-GPU: its device-plugin GPUs and
+/// the GPUs it publishes through DRA together (a node may have both).
+fn gpu_milli(node: &Node) -> (u64, u64) {
+    let (dra_gpus, dra_held) = node.dra.gpu_use();
+    let plugin = node.gpu_milli_capacity();
+    let plugin_used = (node.gpu_allocation() * plugin as f64).round() as u64;
+    (plugin + dra_gpus as u64 * u64::from(GPU_MILLI), plugin_used + dra_held)
 }
 
 /// Pods that must move off a node, or why the node cannot be drained.
@@ -179,11 +185,7 @@ pub(crate) fn plan(
             let node = &placer.nodes()[n];
             let price = info[n].group.map_or(0, |g| groups[g].price);
             // GPUs held idle by pods that opted in to reclaim count as free.
-            let capacity = match node.gpus.len() {
-                0 => node.dra.gpu_use().0 as u64 * u64::from(GPU_MILLI),
-                _ => node.gpu_milli_capacity(),
-            };
-            let reclaim = reclaimable.get(n).copied().unwrap_or(0) as f64 / capacity.max(1) as f64;
+            let reclaim = reclaimable.get(n).copied().unwrap_or(0) as f64 / gpu_milli(node).0.max(1) as f64;
             ((utilization(node) - reclaim).max(0.0), price, node.name.clone(), n)
         })
         .filter(|(u, ..)| *u < settings.scale_down_utilization || settings.scale_down_utilization >= 1.0)
@@ -236,8 +238,7 @@ pub(crate) fn plan(
                     }
                 }
                 let node = &placer.nodes()[n];
-                let gpus = !node.gpus.is_empty() || node.dra.gpu_use().0 > 0;
-                let what = if gpus { "GPU allocation" } else { "CPU and memory" };
+                let what = if gpu_milli(node).0 > 0 { "GPU allocation" } else { "CPU and memory" };
                 out.scale_downs.push(ScaleDown {
                     node: name,
                     group: groups[gi].id.clone(),
@@ -367,6 +368,9 @@ mod tests {
         node.dra.claims.insert("ns/c".into(), ClaimHold { devices: (0..6).collect(), users: 1, fixed: true });
         // Six of eight GPUs held, though hardly any CPU is requested.
         assert_eq!(utilization(&node), 0.75);
+        // With four idle device-plugin GPUs besides: six of twelve.
+        node.gpus = (0..4).map(|i| crate::model::GpuDevice::standard(i, 81_920)).collect();
+        assert_eq!(utilization(&node), 0.5);
     }
 
     #[test]

@@ -133,17 +133,23 @@ impl Gate {
             let reason = match (class, tenant) {
                 (Some(reason), _) => Some(reason),
                 (None, None) => None,
-                (None, Some(t)) => match self.ledger.check(&self.tenants, t, &claims[i].demand) {
-                    Admission::Fits | Admission::Borrows { .. } => {
-                        self.ledger.charge(t, &claims[i].demand);
-                        None
+                // Shared claims an earlier admission paid for cost nothing now.
+                (None, Some(t)) => {
+                    match self.ledger.check(&self.tenants, t, &self.demand(workloads, &unit)) {
+                        Admission::Fits | Admission::Borrows { .. } => {
+                            self.ledger.charge(t, &self.demand(workloads, &unit));
+                            for &p in &unit.pods {
+                                self.payers.admitted(p, &workloads[p]);
+                            }
+                            None
+                        }
+                        Admission::NeedsReclaim { .. } => {
+                            reclaim.push(unit);
+                            continue;
+                        }
+                        Admission::Exceeds { reason } => Some(reason),
                     }
-                    Admission::NeedsReclaim { .. } => {
-                        reclaim.push(unit);
-                        continue;
-                    }
-                    Admission::Exceeds { reason } => Some(reason),
-                },
+                }
             };
             match reason {
                 Some(reason) => {

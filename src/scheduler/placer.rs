@@ -506,10 +506,19 @@ impl<'p> Placer<'p> {
     /// Removes from `node` the snapshot's claim allocations no pod placed there uses any more,
     /// and returns them for [`Placer::restore_claims`].
     pub fn free_unused_claims(&mut self, node: NodeId) -> Vec<(String, ClaimHold)> {
+        // A snapshot allocation keeps one user of its own besides the pods placed with it; one
+        // that other nodes reach too (devices not bound to a node) stays.
+        let elsewhere = |k: &String| {
+            self.nodes.iter().enumerate().any(|(m, n)| m != node && n.dra.claims.contains_key(k))
+        };
+        let unused: Vec<String> = self.nodes[node]
+            .dra
+            .claims
+            .iter()
+            .filter(|(k, h)| h.fixed && h.users <= 1 && !elsewhere(k))
+            .map(|(k, _)| k.clone())
+            .collect();
         let claims = &mut self.nodes[node].dra.claims;
-        // A snapshot allocation keeps one user of its own besides the pods placed with it.
-        let unused: Vec<String> =
-            claims.iter().filter(|(_, h)| h.fixed && h.users <= 1).map(|(k, _)| k.clone()).collect();
         let freed: Vec<(String, ClaimHold)> =
             unused.into_iter().filter_map(|k| claims.remove(&k).map(|h| (k, h))).collect();
         for (key, _) in &freed {

@@ -87,28 +87,38 @@ pub enum Admission {
 }
 
 /// Who pays for each DRA claim: a claim that several pods share (a named ResourceClaim) is
-/// charged once, to one of them, as its devices are allocated once. By claim key, the index of
-/// the paying workload: the first running pod that uses it, else the first pending one.
+/// charged once, as its devices are allocated once. A claim running pods use is paid by the first
+/// of them (snapshot order); one only pending pods use, by the first of them admitted
+/// ([`ClaimPayers::admitted`]), so a rejected pod never leaves its claim free for another.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClaimPayers(HashMap<String, usize>);
+pub struct ClaimPayers {
+    running: HashMap<String, usize>,
+    admitted: HashMap<String, usize>,
+}
 
 impl ClaimPayers {
-    /// The payers of the claims of `workloads` (snapshot order).
+    /// The payers among the running pods of `workloads`.
     pub fn of(workloads: &[Workload]) -> Self {
-        let mut payers = HashMap::new();
-        let (running, pending): (Vec<_>, Vec<_>) =
-            workloads.iter().enumerate().partition(|(_, w)| w.node_name.is_some());
-        for (i, w) in running.into_iter().chain(pending) {
+        let mut running = HashMap::new();
+        for (i, w) in workloads.iter().enumerate().filter(|(_, w)| w.node_name.is_some()) {
             for c in &w.dra_claims {
-                payers.entry(c.key.clone()).or_insert(i);
+                running.entry(c.key.clone()).or_insert(i);
             }
         }
-        Self(payers)
+        Self { running, admitted: Default::default() }
     }
 
-    /// Whether workload `i` pays for claim `key`.
+    /// Records that pending workload `i` (`w`) was admitted: it pays for its claims nobody paid
+    /// for yet.
+    pub fn admitted(&mut self, i: usize, w: &Workload) {
+        for c in w.dra_claims.iter().filter(|c| !self.running.contains_key(&c.key)) {
+            self.admitted.entry(c.key.clone()).or_insert(i);
+        }
+    }
+
+    /// Whether workload `i` pays for claim `key`: it is its payer, or nobody pays yet.
     fn pays(&self, i: usize, key: &str) -> bool {
-        self.0.get(key).is_none_or(|&p| p == i)
+        self.running.get(key).or_else(|| self.admitted.get(key)).is_none_or(|&p| p == i)
     }
 }
 
