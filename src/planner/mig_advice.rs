@@ -113,17 +113,28 @@ fn dra_placement(name: &str) -> Option<(u8, Option<u8>)> {
     }
 }
 
-/// Each DRA GPU of a node (whole or MIG) by index: its layout (empty for a whole GPU), the
-/// placements claims hold, and its devices no claim holds. `None` when the node has no NVIDIA
-/// GPUs through DRA, publishes partitionable devices, or names a device otherwise.
-#[allow(clippy::type_complexity)]
-fn dra_gpus(node: &Node) -> Option<BTreeMap<u8, (Vec<MigPlacement>, Vec<MigPlacement>, Vec<u32>, bool)>> {
+/// One physical GPU a node publishes through DRA.
+#[derive(Debug, Default)]
+struct DraGpu {
+    /// Its MIG devices' placements; empty for a whole GPU.
+    layout: Vec<MigPlacement>,
+    /// The placements claims hold.
+    held: Vec<MigPlacement>,
+    /// Its devices no claim holds (indices into the node's DRA devices).
+    free_devices: Vec<u32>,
+    /// A whole GPU a claim holds.
+    whole_held: bool,
+}
+
+/// Each DRA GPU of a node (whole or MIG) by index. `None` when the node has no NVIDIA GPUs
+/// through DRA, publishes partitionable devices, or names a device otherwise.
+fn dra_gpus(node: &Node) -> Option<BTreeMap<u8, DraGpu>> {
     let inv = &node.dra;
     if !node.gpus.is_empty() || inv.devices.iter().any(|d| !d.consumes.is_empty()) {
         return None;
     }
     let used = inv.used();
-    let mut gpus: BTreeMap<u8, (Vec<MigPlacement>, Vec<MigPlacement>, Vec<u32>, bool)> = BTreeMap::new();
+    let mut gpus: BTreeMap<u8, DraGpu> = BTreeMap::new();
     for (i, d) in inv.devices.iter().enumerate() {
         if d.gpu_milli().is_none() {
             continue;
@@ -134,15 +145,15 @@ fn dra_gpus(node: &Node) -> Option<BTreeMap<u8, (Vec<MigPlacement>, Vec<MigPlace
             (Some(profile), Some(start)) => {
                 let p = MigPlacement { profile: profile.to_string(), start };
                 if used[i] {
-                    gpu.1.push(p.clone());
+                    gpu.held.push(p.clone());
                 }
-                gpu.0.push(p);
+                gpu.layout.push(p);
             }
-            (None, None) => gpu.3 = used[i], // a whole GPU: held or not
+            (None, None) => gpu.whole_held = used[i],
             _ => return None,
         }
         if !used[i] {
-            gpu.2.push(i as u32);
+            gpu.free_devices.push(i as u32);
         }
     }
     (!gpus.is_empty()).then_some(gpus)
@@ -153,13 +164,13 @@ fn dra_options(node: &Node) -> Vec<GpuOption> {
     let Some(gpus) = dra_gpus(node) else { return Vec::new() };
     let mut out: Vec<GpuOption> = gpus
         .into_iter()
-        .filter(|(_, (layout, _, _, whole_held))| !layout.is_empty() || !whole_held)
-        .map(|(index, (current, used, dra_free, _))| GpuOption {
+        .filter(|(_, g)| !g.layout.is_empty() || !g.whole_held)
+        .map(|(index, g)| GpuOption {
             index,
-            mig_off: current.is_empty(),
-            current,
-            used,
-            dra_free,
+            mig_off: g.layout.is_empty(),
+            current: g.layout,
+            used: g.held,
+            dra_free: g.free_devices,
         })
         .collect();
     out.sort_by_key(GpuOption::cost);
@@ -520,7 +531,7 @@ pub(crate) fn advise(
 
         // The layouts of every GPU after the change, for the mig-parted config.
         let current: Vec<(u8, Vec<MigPlacement>)> = match dra_gpus(&node) {
-            Some(gpus) => gpus.into_iter().map(|(g, (layout, ..))| (g, layout)).collect(),
+            Some(gpus) => gpus.into_iter().map(|(i, g)| (i, g.layout)).collect(),
             None => node
                 .gpus
                 .iter()

@@ -102,13 +102,14 @@ fn relocate(
     // deletes a pod's generated claim and deallocates a named one nobody reserves): the moved
     // pods need their claims allocated afresh where they go.
     let freed = placer.free_unused_claims(from);
+    let freed_keys: std::collections::HashSet<String> = freed.iter().map(|(k, _)| k.clone()).collect();
     let moving: Vec<std::borrow::Cow<'_, Workload>> = pods
         .iter()
         .map(|(wi, _)| {
             let w = &workloads[*wi];
-            if w.dra_claims.iter().any(|c| freed.iter().any(|(k, _)| k == &c.key)) {
+            if w.dra_claims.iter().any(|c| freed_keys.contains(&c.key)) {
                 let mut w = w.clone();
-                for c in w.dra_claims.iter_mut().filter(|c| freed.iter().any(|(k, _)| k == &c.key)) {
+                for c in w.dra_claims.iter_mut().filter(|c| freed_keys.contains(&c.key)) {
                     (c.allocated, c.allocated_on) = (false, None);
                 }
                 std::borrow::Cow::Owned(w)

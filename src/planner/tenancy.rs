@@ -135,9 +135,10 @@ impl Gate {
                 (None, None) => None,
                 // Shared claims an earlier admission paid for cost nothing now.
                 (None, Some(t)) => {
-                    match self.ledger.check(&self.tenants, t, &self.demand(workloads, &unit)) {
+                    let demand = self.demand(workloads, &unit);
+                    match self.ledger.check(&self.tenants, t, &demand) {
                         Admission::Fits | Admission::Borrows { .. } => {
-                            self.ledger.charge(t, &self.demand(workloads, &unit));
+                            self.ledger.charge(t, &demand);
                             for &p in &unit.pods {
                                 self.payers.admitted(p, &workloads[p]);
                             }
