@@ -31,7 +31,7 @@ use super::health::{Health, STATUS_FAILURES_UNREADY};
 use super::leader::Fence;
 use super::metrics::Metrics;
 use crate::model::{dollars, ClusterSnapshot, NodeGroup, NodeState};
-use crate::planner::cluster::group_of;
+use crate::planner::cluster::GroupIndex;
 use crate::planner::Plan;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -152,8 +152,9 @@ pub type NodeCounts = BTreeMap<String, [usize; 4]>;
 /// Counts the nodes of each of `groups` in `snapshot` by state.
 pub fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup]) -> NodeCounts {
     let mut counts: NodeCounts = groups.iter().map(|g| (g.id.clone(), [0; 4])).collect();
+    let index = GroupIndex::of(groups);
     for n in &snapshot.nodes {
-        let Some(g) = group_of(n, groups) else { continue };
+        let Some(g) = index.group_of(n) else { continue };
         let Some(c) = counts.get_mut(&groups[g].id) else { continue };
         c[match n.state {
             NodeState::Ready => 0,

@@ -19,6 +19,8 @@ struct Entry<T> {
     version: String,
     converted: T,
     warnings: Vec<String>,
+    /// The call that last saw the object: entries not seen by the latest are dropped.
+    seen: u64,
 }
 
 /// One object's conversion and what it said, or why it failed.
@@ -42,6 +44,8 @@ pub struct ConversionCache {
     /// Gang sizes from PodGroups the cached pods were converted with: a change converts every
     /// pod again.
     pod_groups: BTreeMap<String, u32>,
+    /// Calls so far.
+    calls: u64,
     /// The last call's counts.
     pub counts: ConversionCounts,
 }
@@ -57,7 +61,7 @@ fn convert_kind<K: Sync, T: Clone + Send>(
     objects: &[&K],
     meta: impl Fn(&K) -> &ObjectMeta + Sync,
     origin: impl Fn(&K) -> String + Sync,
-    cache: &mut HashMap<String, Entry<T>>,
+    (cache, call): (&mut HashMap<String, Entry<T>>, u64),
     convert: impl Fn(&K, &str, &mut Vec<String>) -> Result<T, SnapshotError> + Sync,
     counts: &mut ConversionCounts,
 ) -> Vec<(String, Converted<T>)> {
@@ -78,26 +82,16 @@ fn convert_kind<K: Sync, T: Clone + Send>(
             })
         })
         .collect();
-    // Entries still valid move from the old map to the new one; only the snapshot's copy is made.
-    let mut kept = HashMap::with_capacity(objects.len());
+    // Entries stay in place, marked as seen; only the snapshot's copy is made.
     let mut out = Vec::with_capacity(objects.len());
     for ((k, hit), made) in objects.iter().zip(hits).zip(made) {
         let result = match made {
             None if hit => {
                 counts.reused += 1;
                 let (uid, _) = identity(meta(k)).expect("a hit has an identity");
-                // The same uid twice in one list (never so from an API server) was moved already.
-                match cache.remove_entry(uid) {
-                    Some((key, entry)) => {
-                        let result = Ok((entry.converted.clone(), entry.warnings.clone()));
-                        kept.insert(key, entry);
-                        result
-                    }
-                    None => {
-                        let entry: &Entry<T> = &kept[uid];
-                        Ok((entry.converted.clone(), entry.warnings.clone()))
-                    }
-                }
+                let entry = cache.get_mut(uid).expect("a hit is cached");
+                entry.seen = call;
+                Ok((entry.converted.clone(), entry.warnings.clone()))
             }
             None => unreachable!("every miss is converted"),
             Some(made) => {
@@ -107,8 +101,9 @@ fn convert_kind<K: Sync, T: Clone + Send>(
                         version: version.to_string(),
                         converted: converted.clone(),
                         warnings: warnings.clone(),
+                        seen: call,
                     };
-                    kept.insert(uid.to_string(), entry);
+                    cache.insert(uid.to_string(), entry);
                 }
                 made
             }
@@ -116,7 +111,7 @@ fn convert_kind<K: Sync, T: Clone + Send>(
         out.push((origin(k), result));
     }
     // Objects gone since last time are forgotten.
-    *cache = kept;
+    cache.retain(|_, e| e.seen == call);
     out
 }
 
@@ -134,6 +129,7 @@ impl ConversionCache {
         others: &[SourcedObject],
     ) -> Result<LoadedSnapshot, SnapshotError> {
         self.counts = ConversionCounts::default();
+        self.calls += 1;
         let mut sizes = BTreeMap::new();
         for g in pod_groups {
             let (name, size) = convert_pod_group(g, "PodGroup")?;
@@ -151,7 +147,7 @@ impl ConversionCache {
             nodes,
             |n: &Node| &n.metadata,
             |n: &Node| format!("Node {}", name(&n.metadata)),
-            &mut self.nodes,
+            (&mut self.nodes, self.calls),
             convert_node,
             &mut self.counts,
         );
@@ -159,7 +155,7 @@ impl ConversionCache {
             pods,
             |p: &Pod| &p.metadata,
             |p: &Pod| format!("Pod {}", name(&p.metadata)),
-            &mut self.pods,
+            (&mut self.pods, self.calls),
             |p, origin, warnings| convert_pod(p, origin, &sizes, warnings),
             &mut self.counts,
         );

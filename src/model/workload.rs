@@ -371,7 +371,7 @@ impl Preferences {
 
 /// What other pods' placement needs to know about a pod on a node: its namespace, labels and
 /// required anti-affinity (the symmetric check). Shared, so nodes record it cheaply.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct PodIdentity {
     /// Namespace.
     pub namespace: String,

@@ -10,7 +10,6 @@
 //! what `gpuscale run` does. Pure and deterministic: `now` comes in with the input, nothing here
 //! reads a clock.
 
-use super::cluster::group_of;
 use super::Plan;
 use crate::model::{ClusterSnapshot, NodeGroup, NodeState, OwnerKind, Workload};
 use crate::scheduler::fit;
@@ -270,12 +269,13 @@ pub fn decide(
     // New drains, for nodes removable for the unneeded time. Nodes of a group whose new nodes
     // are replacements on their way in are not drained meanwhile (the replacement is for them).
     let reserved: BTreeSet<&str> = next.replacing.values().map(|m| m.group.as_str()).collect();
+    let index = super::cluster::GroupIndex::of(groups);
     let group_id = |node: &str| {
         snapshot
             .nodes
             .iter()
             .find(|n| n.name == node)
-            .and_then(|n| group_of(n, groups))
+            .and_then(|n| index.group_of(n))
             .map(|g| groups[g].id.as_str())
     };
     for (node, reason) in &removals {
@@ -314,11 +314,12 @@ pub fn replacement_node(
     }
     let moving: Vec<_> =
         on(snapshot, node).filter(|w| !matches!(w.owner, OwnerKind::DaemonSet | OwnerKind::Node)).collect();
+    let index = super::cluster::GroupIndex::of(groups);
     snapshot
         .nodes
         .iter()
         .filter(|n| n.name != node && n.state == NodeState::Ready && !n.unschedulable)
-        .filter(|n| group_of(n, groups) == Some(gi) && !draining.contains(&n.name))
+        .filter(|n| index.group_of(n) == Some(gi) && !draining.contains(&n.name))
         .find(|n| {
             let mut with_its_pods = (*n).clone();
             for w in on(snapshot, &n.name) {

@@ -256,6 +256,9 @@ fn plan_with(
         );
     }
     let mut out = Plan::default();
+    // Where a plan's time goes, for `RUST_LOG=gpuscale::planner=debug`.
+    let started = std::time::Instant::now();
+    let mut steps: Vec<(&str, std::time::Duration)> = Vec::new();
     let snapshot = &input.snapshot;
     let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
     let taints = cluster::TaintRules::of(settings);
@@ -304,10 +307,11 @@ fn plan_with(
     // those: they do not block scale-down.
     let held = out.unschedulable.len();
 
+    steps.push(("prepare", started.elapsed()));
     // 1. Pending pods onto existing and in-flight capacity.
     let mut unplaced: Vec<Unit> = Vec::new();
     for unit in units {
-        match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, &|_| true) {
+        match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, scale_up::Among::All) {
             Some(placed) => {
                 // A gang whose minimum is placed: its other members scale like single pods.
                 for &wi in unit.pods.iter().filter(|wi| !placed.iter().any(|(p, _)| p == *wi)) {
@@ -321,6 +325,7 @@ fn plan_with(
         }
     }
 
+    steps.push(("place", started.elapsed()));
     // 1a. check-capacity requests: what is left on Ready nodes.
     provisioning::check_capacity(ex, found, &mut placer, &mut info, &snapshot.workloads);
 
@@ -369,6 +374,7 @@ fn plan_with(
     );
     out.unschedulable.extend(ups.unschedulable);
     out.scale_ups = ups.scale_ups;
+    steps.push(("scale_up", started.elapsed()));
 
     // 3. Scale-down and consolidation, only when nothing waits for new capacity.
     let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry);
@@ -385,6 +391,8 @@ fn plan_with(
         out.replacements = downs.replacements;
         out.kept = downs.kept;
     }
+    steps.push(("scale_down", started.elapsed()));
+    tracing::debug!(?steps, "plan steps (time since the plan started)");
     // Where pending pods end up on capacity that exists or is on its way (after any moves);
     // pods served by a MIG re-partition are listed there.
     let repartitioned: BTreeSet<&str> =

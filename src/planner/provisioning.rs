@@ -20,7 +20,7 @@
 
 use super::cluster::{NodeInfo, Origin};
 use super::plan::{Plan, RequestOutcome, RequestState};
-use super::scale_up::place_unit;
+use super::scale_up::{place_unit, Among};
 use super::{PlanInput, Unit};
 use crate::model::provisioning::{ProvisioningClass, ProvisioningRequest, RequestPhase};
 use crate::model::{Workload, WorkloadId};
@@ -275,7 +275,7 @@ pub(crate) fn hold_bookings(
         }
         let wi = ex.first + i;
         let unit = Unit { pods: vec![wi], required: 1, topology_key: None, gang: None };
-        match place_unit(placer, workloads, &unit, &|_| true) {
+        match place_unit(placer, workloads, &unit, Among::All) {
             Some(placed) => {
                 for (wi, p) in placed {
                     info[p.node].pods.push((wi, p.devices));
@@ -304,7 +304,12 @@ pub(crate) fn check_capacity(
         let total = pods.len();
         let topology_key = pods.first().and_then(|&wi| workloads[wi].gang_topology_key.clone());
         let unit = Unit { pods, required: total, topology_key, gang: None };
-        let result = match place_unit(placer, workloads, &unit, &|n| ready.get(n).copied().unwrap_or(false)) {
+        let result = match place_unit(
+            placer,
+            workloads,
+            &unit,
+            Among::Where(&|n| ready.get(n).copied().unwrap_or(false)),
+        ) {
             Some(placed) => {
                 for (wi, p) in placed {
                     info[p.node].pods.push((wi, p.devices));
@@ -316,9 +321,12 @@ pub(crate) fn check_capacity(
                 let mut fits = 0;
                 for &wi in &unit.pods {
                     let single = Unit { pods: vec![wi], required: 1, topology_key: None, gang: None };
-                    if let Some(placed) =
-                        place_unit(placer, workloads, &single, &|n| ready.get(n).copied().unwrap_or(false))
-                    {
+                    if let Some(placed) = place_unit(
+                        placer,
+                        workloads,
+                        &single,
+                        Among::Where(&|n| ready.get(n).copied().unwrap_or(false)),
+                    ) {
                         fits += 1;
                         for (wi, p) in placed {
                             placer.release(&workloads[wi], &p);

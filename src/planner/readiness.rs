@@ -4,7 +4,7 @@
 //! one to scale past. `gpuscale run` and `gpuscale plan` both mark such nodes in flight
 //! ([`mark_in_flight`]), so a dry run shows what the controller would do.
 
-use super::cluster::group_of;
+use super::cluster::GroupIndex;
 use crate::model::{telemetry, GpuMode, Node, NodeGroup, NodeState};
 
 /// Whether a registered node counts as capacity yet.
@@ -81,8 +81,9 @@ pub fn classify(node: &Node, template: Option<&Node>) -> Readiness {
 /// the reason.
 pub fn mark_in_flight(nodes: &mut [Node], groups: &[NodeGroup]) -> Vec<(String, String)> {
     let mut marked = Vec::new();
+    let index = GroupIndex::of(groups);
     for node in nodes.iter_mut().filter(|n| n.state == NodeState::Ready) {
-        let template = group_of(node, groups).map(|g| &groups[g].template);
+        let template = index.group_of(node).map(|g| &groups[g].template);
         let why = match classify(node, template) {
             Readiness::InFlight(why) => why,
             Readiness::Ready => match (&node.telemetry, template) {

@@ -10,23 +10,49 @@ use std::collections::{BTreeMap, BTreeSet};
 /// How many following pending pods the packing estimate of a new node looks at.
 const LOOKAHEAD: usize = 64;
 
-/// Places a unit among the nodes `allowed` accepts: a pod, or a gang all-or-nothing (within one
-/// topology domain when it asks for one). Returns the placements, or `None` (and nothing placed).
+/// Which nodes a unit may be placed on.
+#[derive(Clone, Copy)]
+pub(crate) enum Among<'a> {
+    /// Any node: the placer may remember that pods of a shape found no room.
+    All,
+    /// The nodes from this one on: those the plan added.
+    Added(NodeId),
+    /// The nodes the function accepts.
+    Where(&'a dyn Fn(NodeId) -> bool),
+}
+
+impl Among<'_> {
+    fn admits(&self, n: NodeId) -> bool {
+        match self {
+            Among::All => true,
+            Among::Added(first) => n >= *first,
+            Among::Where(allowed) => allowed(n),
+        }
+    }
+}
+
+/// Places a unit among some nodes: a pod, or a gang all-or-nothing (within one topology domain
+/// when it asks for one). Returns the placements, or `None` (and nothing placed).
 pub(crate) fn place_unit(
     placer: &mut Placer<'_>,
     workloads: &[Workload],
     unit: &Unit,
-    allowed: &dyn Fn(NodeId) -> bool,
+    among: Among<'_>,
 ) -> Option<Vec<(usize, Placement)>> {
-    let Some(key) = &unit.topology_key else { return place_members(placer, workloads, unit, allowed) };
+    let Some(key) = &unit.topology_key else { return place_members(placer, workloads, unit, among) };
     let labels: Vec<Option<String>> = placer.nodes().iter().map(|n| n.labels.get(key).cloned()).collect();
-    let mut domains: Vec<&str> =
-        labels.iter().enumerate().filter(|(n, _)| allowed(*n)).filter_map(|(_, l)| l.as_deref()).collect();
+    let mut domains: Vec<&str> = labels
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| among.admits(*n))
+        .filter_map(|(_, l)| l.as_deref())
+        .collect();
     domains.sort_unstable();
     domains.dedup();
     for domain in domains {
-        let in_domain = |n: NodeId| allowed(n) && labels.get(n).and_then(|l| l.as_deref()) == Some(domain);
-        if let Some(placed) = place_members(placer, workloads, unit, &in_domain) {
+        let in_domain =
+            |n: NodeId| among.admits(n) && labels.get(n).and_then(|l| l.as_deref()) == Some(domain);
+        if let Some(placed) = place_members(placer, workloads, unit, Among::Where(&in_domain)) {
             return Some(placed);
         }
     }
@@ -37,11 +63,18 @@ fn place_members(
     placer: &mut Placer<'_>,
     workloads: &[Workload],
     unit: &Unit,
-    allowed: &dyn Fn(NodeId) -> bool,
+    among: Among<'_>,
 ) -> Option<Vec<(usize, Placement)>> {
     let mut placed = Vec::with_capacity(unit.pods.len());
     for &wi in &unit.pods {
-        if let Ok(p) = placer.place_where(&workloads[wi], allowed) {
+        let w = &workloads[wi];
+        let found = match among {
+            Among::All => placer.find(w),
+            Among::Added(first) => placer.find_from(w, first),
+            Among::Where(allowed) => placer.find_where(w, allowed),
+        };
+        if let Ok(p) = found {
+            placer.commit(w, &p);
             placed.push((wi, p));
         }
     }
@@ -178,12 +211,11 @@ pub(crate) fn plan(
             .fold(f64::INFINITY, f64::min)
     };
 
+    // The nodes this step adds come after those it started with.
+    let first_added = placer.nodes().len();
     for (ui, unit) in units.iter().enumerate() {
         // Capacity this plan already adds may hold it.
-        let is_new: Vec<bool> = info.iter().map(|n| n.origin == Origin::New).collect();
-        if let Some(placed) =
-            place_unit(placer, workloads, unit, &|n| is_new.get(n).copied().unwrap_or(false))
-        {
+        if let Some(placed) = place_unit(placer, workloads, unit, Among::Added(first_added)) {
             report_left_over(unit, &placed, workloads, &mut unschedulable);
             for (wi, p) in placed {
                 pods_for
@@ -296,7 +328,7 @@ pub(crate) fn plan(
                 placer.add_node(node);
                 info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
             }
-            placed = place_unit(placer, workloads, unit, &|n| n >= first_new);
+            placed = place_unit(placer, workloads, unit, Among::Added(first_new));
         }
         let used: BTreeSet<usize> = placed.iter().flatten().map(|(_, p)| p.node).collect();
         for n in (first_new..placer.nodes().len()).filter(|n| !used.contains(n)) {

@@ -1,18 +1,18 @@
 //! The planner's tenancy step: fair-share order, quota and workload-class admission, budget caps
 //! on scale-ups, and preemption plans. The decisions themselves live in [`crate::tenancy`].
 
-use super::cluster::{group_of, NodeInfo, Origin};
+use super::cluster::{GroupIndex, NodeInfo, Origin};
 use super::plan::{Preempt, Unschedulable};
 use super::scale_up::template_fit;
 use super::{PlanInput, Unit};
-use crate::model::{dollars, ClusterSnapshot, MicroDollarsPerHour, NodeGroup, OwnerKind, Workload};
+use crate::model::{dollars, ClusterSnapshot, MicroDollarsPerHour, Node, NodeGroup, OwnerKind, Workload};
 use crate::scheduler::placer::ShapeKey;
 use crate::scheduler::{Placement, Placer};
 use crate::tenancy::fair_share::{self, Claim};
 use crate::tenancy::preemption::{self, Choice, Claimant, RunningPod};
 use crate::tenancy::quota::{add, usage_paid, Admission, ClaimPayers, Ledger, Tenants, Usage};
 use crate::tenancy::{ResourceKind, TenancyConfig};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 fn usd(micro: MicroDollarsPerHour) -> String {
     format!("${:.2}/h", micro as f64 / dollars(1.0) as f64)
@@ -58,10 +58,12 @@ impl Gate {
         // A running pod costs its tenant its share of the node's price (largest of GPU, CPU, memory).
         let payers = ClaimPayers::of(&snapshot.workloads);
         let mut spend = vec![0u64; tenants.tenants.len()];
+        let node_named: HashMap<&str, &Node> = snapshot.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let group_index = GroupIndex::of(groups);
         for (i, (w, t)) in snapshot.workloads.iter().zip(&tenant_of).enumerate() {
             let (Some(t), Some(node_name)) = (t, &w.node_name) else { continue };
-            let Some(node) = snapshot.nodes.iter().find(|n| &n.name == node_name) else { continue };
-            let Some(g) = group_of(node, groups) else { continue };
+            let Some(&node) = node_named.get(node_name.as_str()) else { continue };
+            let Some(g) = group_index.group_of(node) else { continue };
             let gpu_cap = node.gpu_milli_capacity();
             let gpu =
                 usage_paid(w, i, Some(node), &payers).get(&ResourceKind::GpuEquivalent).copied().unwrap_or(0)

@@ -176,6 +176,13 @@ pub struct ClusterIndex {
 }
 
 impl ClusterIndex {
+    /// Whether pods placed so far constrain where `w` may go: its own required anti-affinity,
+    /// or running pods' anti-affinity that may select it.
+    pub fn constrains(&self, w: &Workload) -> bool {
+        !w.pod_anti_affinity().is_empty()
+            || w.identity.as_ref().is_some_and(|me| !self.anti.nodes_selecting(&me.labels).is_empty())
+    }
+
     /// The index of `nodes` and the pods on them.
     pub fn of(nodes: &[Node]) -> Self {
         let mut index = Self::default();

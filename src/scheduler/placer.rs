@@ -100,6 +100,11 @@ pub struct Placer<'p> {
     /// The node each DRA claim is allocated on (the snapshot's and the plan's): every pod
     /// sharing a claim goes where the claim's devices are.
     claim_nodes: HashMap<String, NodeId>,
+    /// Shapes that found no node since room was last freed or added: placing pods only takes
+    /// room, so later pods of the shape find none either (kube-scheduler retries such pods only
+    /// on cluster events for the same reason). Keyed with the pod's identity when anti-affinity
+    /// (its own or running pods') had a say, else with `None`: then no pod of the shape fits.
+    no_room: rustc_hash::FxHashMap<(usize, Option<std::sync::Arc<crate::model::PodIdentity>>), Unfit>,
 }
 
 /// Whether a workload's node selector or required node affinity names a host (the label or the
@@ -212,6 +217,7 @@ impl<'p> Placer<'p> {
             static_fit: Vec::new(),
             index: Default::default(),
             claim_nodes: HashMap::new(),
+            no_room: Default::default(),
         };
         for node in nodes {
             placer.push_node(node);
@@ -276,6 +282,7 @@ impl<'p> Placer<'p> {
 
     /// Adds a node (e.g. one a scale-up would create) and returns its id.
     pub fn add_node(&mut self, node: Node) -> NodeId {
+        self.no_room.clear();
         for column in &mut self.scores {
             column.push(Cached::Unknown);
         }
@@ -303,13 +310,55 @@ impl<'p> Placer<'p> {
     /// Finds the best node for `workload` without placing it. On failure, returns the most
     /// common reason among nodes (for reporting).
     pub fn find(&mut self, workload: &Workload) -> Result<Placement, Unfit> {
-        self.find_where(workload, &|_| true)
+        let Some(shape) = self.no_room_shape(workload) else { return self.scan(workload, 0, &|_| true) };
+        let me = workload.identity.clone();
+        let known = self
+            .no_room
+            .get(&(shape, None))
+            .or_else(|| me.is_some().then(|| self.no_room.get(&(shape, me.clone()))).flatten());
+        if let Some(unfit) = known {
+            return Err(*unfit);
+        }
+        let found = self.scan(workload, 0, &|_| true);
+        if let Err(unfit) = &found {
+            // Found no room without other pods in the way: no pod of the shape will, whoever it is.
+            let who = if self.index.constrains(workload) { me } else { None };
+            self.no_room.insert((shape, who), *unfit);
+        }
+        found
+    }
+
+    /// The shape of a pod whose chances only shrink as pods are placed, for [`Placer::no_room`]:
+    /// not one with required pod affinity or `DoNotSchedule` spread (a placed pod can satisfy
+    /// them) nor DRA claims (a placed pod can allocate a claim it shares).
+    fn no_room_shape(&mut self, w: &Workload) -> Option<usize> {
+        if !w.pod_affinity.is_empty() || !w.spread.is_empty() || !w.dra_claims.is_empty() {
+            return None;
+        }
+        self.shape_index(w)
     }
 
     /// Like [`Placer::find`], among the nodes `allowed` accepts.
     pub fn find_where(
         &mut self,
         workload: &Workload,
+        allowed: &dyn Fn(NodeId) -> bool,
+    ) -> Result<Placement, Unfit> {
+        self.scan(workload, 0, allowed)
+    }
+
+    /// Like [`Placer::find`], among the nodes from `first` on (those a plan added), without
+    /// walking the others.
+    pub fn find_from(&mut self, workload: &Workload, first: NodeId) -> Result<Placement, Unfit> {
+        self.scan(workload, first, &|_| true)
+    }
+
+    /// Finds the best node from `first` on that `allowed` accepts; from the start of the
+    /// cluster, the scan begins where the last sampled one stopped.
+    fn scan(
+        &mut self,
+        workload: &Workload,
+        first: NodeId,
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
         // A claim allocated on a node (by the snapshot or an earlier placement) pins the pod
@@ -330,10 +379,11 @@ impl<'p> Placer<'p> {
         let mut reasons = [0usize; Unfit::ALL.len()];
         let n = self.nodes.len();
         let start = if self.feasible_limit.is_some() && n > 0 { self.next_start % n } else { 0 };
+        let (head, tail) = if first > 0 { (first..n, 0..0) } else { (start..n, 0..start) };
         let mut feasible = 0usize;
         // Pods per `ScheduleAnyway` domain, counted when a tie needs them.
         let mut domains: HashMap<(usize, String), u32> = HashMap::new();
-        for id in (start..n).chain(0..start) {
+        for id in head.chain(tail) {
             if self.feasible_limit.is_some_and(|limit| feasible >= limit) {
                 self.next_start = id;
                 break;
@@ -459,7 +509,9 @@ impl<'p> Placer<'p> {
 
     /// Places `workload` on its best node and records the allocation.
     pub fn place(&mut self, workload: &Workload) -> Result<Placement, Unfit> {
-        self.place_where(workload, &|_| true)
+        let placement = self.find(workload)?;
+        self.commit(workload, &placement);
+        Ok(placement)
     }
 
     /// Like [`Placer::place`], among the nodes `allowed` accepts.
@@ -484,7 +536,7 @@ impl<'p> Placer<'p> {
                 self.claim_nodes.insert(c.key.clone(), placement.node);
             }
         }
-        self.invalidate(placement.node);
+        self.forget_scores(placement.node);
     }
 
     /// Removes an allocation (a departed or evicted workload).
@@ -535,7 +587,7 @@ impl<'p> Placer<'p> {
             return;
         }
         self.nodes[node].dra.claims.insert(key.to_string(), ClaimHold { devices, users: 1, fixed: true });
-        self.invalidate(node);
+        self.forget_scores(node);
     }
 
     /// Puts back what [`Placer::free_unused_claims`] removed.
@@ -547,10 +599,110 @@ impl<'p> Placer<'p> {
         self.invalidate(node);
     }
 
-    /// Forgets cached scores of a node whose state changed.
+    /// Forgets cached scores of a node whose state changed, and which shapes found no room.
     pub fn invalidate(&mut self, node: NodeId) {
+        self.no_room.clear();
+        self.forget_scores(node);
+    }
+
+    /// Forgets cached scores of a node that only took more on.
+    fn forget_scores(&mut self, node: NodeId) {
         for column in &mut self.scores {
             column[node] = Cached::Unknown;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{LabelSelector, PodAffinityTerm, PodIdentity};
+    use crate::scheduler::policy::{ClusterScale, PolicyKind, TargetWorkload};
+    use std::sync::Arc;
+
+    fn node(name: &str, cpu_milli: u64) -> Node {
+        Node {
+            name: name.into(),
+            allocatable: Resources::new(cpu_milli, 1024),
+            labels: [(HOSTNAME_LABEL.to_string(), name.to_string())].into(),
+            ..Default::default()
+        }
+    }
+
+    /// A pod of one shape (1 CPU) labelled `app`, with `anti` as its required anti-affinity.
+    fn pod(name: &str, app: &str, anti: Option<&str>) -> Workload {
+        let labels: BTreeMap<String, String> = [("app".to_string(), app.to_string())].into();
+        let anti_affinity = anti.map(|a| vec![term(a)]).unwrap_or_default();
+        Workload {
+            id: format!("ns/{name}"),
+            requests: Resources::new(1000, 1),
+            labels: labels.clone(),
+            identity: Some(Arc::new(PodIdentity { namespace: "ns".into(), labels, anti_affinity })),
+            ..Default::default()
+        }
+    }
+
+    /// Pods labelled `app`, one per host.
+    fn term(app: &str) -> PodAffinityTerm {
+        PodAffinityTerm {
+            selector: LabelSelector {
+                match_labels: [("app".to_string(), app.to_string())].into(),
+                ..Default::default()
+            },
+            namespaces: vec!["ns".into()],
+            topology_key: HOSTNAME_LABEL.into(),
+        }
+    }
+
+    fn policy(nodes: &[Node]) -> Box<dyn Policy> {
+        PolicyKind::BestFit.build(&ClusterScale::of(nodes), &TargetWorkload::from_workloads(&[], 0.95))
+    }
+
+    #[test]
+    fn a_shape_that_found_no_room_fits_again_once_room_is_freed() {
+        let nodes = vec![node("a", 1000)];
+        let policy = policy(&nodes);
+        let mut placer = Placer::new(nodes, policy.as_ref(), 1);
+        let first = placer.place(&pod("p1", "x", None)).expect("room for one");
+        assert_eq!(placer.place(&pod("p2", "x", None)), Err(Unfit::InsufficientCpu));
+        assert_eq!(placer.place(&pod("p3", "x", None)), Err(Unfit::InsufficientCpu));
+        placer.release(&pod("p1", "x", None), &first);
+        assert!(placer.place(&pod("p2", "x", None)).is_ok(), "room freed: the shape fits again");
+    }
+
+    #[test]
+    fn a_shape_that_found_no_room_fits_a_node_added_later() {
+        let nodes = vec![node("a", 500)];
+        let policy = policy(&nodes);
+        let mut placer = Placer::new(nodes, policy.as_ref(), 1);
+        assert!(placer.place(&pod("p1", "x", None)).is_err());
+        let b = placer.add_node(node("b", 1000));
+        assert_eq!(placer.place(&pod("p1", "x", None)).map(|p| p.node), Ok(b));
+    }
+
+    #[test]
+    fn running_pods_anti_affinity_refuses_only_the_pods_it_selects() {
+        // a runs a pod that keeps `web` off its host; b is full.
+        let nodes = vec![node("a", 2000), node("b", 1000)];
+        let policy = policy(&nodes);
+        let mut placer = Placer::new(nodes, policy.as_ref(), 1);
+        let guard = pod("guard", "guard", Some("web"));
+        placer.commit(&guard, &Placement { node: 0, devices: DeviceAssignment::None });
+        placer.commit(&pod("filler", "x", None), &Placement { node: 1, devices: DeviceAssignment::None });
+        assert!(placer.place(&pod("web-1", "web", None)).is_err());
+        // The same shape with other labels is not repelled.
+        assert_eq!(placer.place(&pod("api-1", "api", None)).map(|p| p.node), Ok(0));
+    }
+
+    #[test]
+    fn a_pod_with_required_pod_affinity_is_judged_again_after_its_peer_is_placed() {
+        let nodes = vec![node("a", 4000)];
+        let policy = policy(&nodes);
+        let mut placer = Placer::new(nodes, policy.as_ref(), 1);
+        let mut follower = pod("follower", "follower", None);
+        follower.pod_affinity = vec![term("leader")];
+        assert_eq!(placer.place(&follower), Err(Unfit::PodAffinity));
+        placer.place(&pod("leader", "leader", None)).expect("room");
+        assert_eq!(placer.place(&follower).map(|p| p.node), Ok(0));
     }
 }
