@@ -1059,6 +1059,35 @@ fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_
         ..Default::default()
     });
     assert_eq!(with_grace.metadata.deletion_grace_period_seconds, Some(30));
+    // Of the volumes, the claims stay (they place the pod); the token and config volumes go.
+    let volume = |name: &str| core::Volume { name: name.into(), ..Default::default() };
+    let claim = core::Volume {
+        persistent_volume_claim: Some(core::PersistentVolumeClaimVolumeSource {
+            claim_name: "data".into(),
+            ..Default::default()
+        }),
+        ..volume("data")
+    };
+    let ephemeral = core::Volume { ephemeral: Some(Default::default()), ..volume("scratch") };
+    let token = core::Volume { projected: Some(Default::default()), ..volume("kube-api-access") };
+    let with_volumes = slim_pod(core::Pod {
+        spec: Some(core::PodSpec {
+            volumes: Some(vec![token, claim.clone(), ephemeral.clone()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(with_volumes.spec.unwrap().volumes, Some(vec![claim, ephemeral]));
+    assert!(
+        pods.iter().any(|p| p
+            .spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref()
+            .is_some_and(|v| v.iter().any(|v| v.projected.is_some()))),
+        "the generator writes token volumes"
+    );
     assert!(slim_nodes.iter().all(|n| n.status.as_ref().unwrap().images.is_none()));
     assert!(nodes.iter().any(|n| n.status.as_ref().unwrap().images.is_some()), "the generator writes images");
     let (again, counts) = incremental(&nodes, &pods, &gang);
