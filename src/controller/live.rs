@@ -3,6 +3,7 @@
 //! [`snapshot::build`], so the dry run plans what `gpuscale run` would plan.
 
 use super::config::ControllerConfig;
+use super::pod_store::PodRecord;
 use super::reconcile::pod_group_resource;
 use super::snapshot::{self, ClusterView};
 use crate::k8s::SnapshotError;
@@ -117,6 +118,9 @@ pub async fn read(
         }
         Err(e) => return Err(e),
     }
+    let checkpoint = &config.training.checkpoint_annotation;
+    let pods: Vec<PodRecord> =
+        pods.into_iter().map(|p| PodRecord::new(Arc::unwrap_or_clone(p), checkpoint)).collect();
     let mut cache = crate::k8s::ConversionCache::default();
     Ok(snapshot::build(&nodes, &pods, &pdbs, &pod_groups, storage, config, now, &mut cache)?)
 }

@@ -32,6 +32,8 @@ pub mod leader;
 #[cfg(feature = "controller")]
 pub mod live;
 #[cfg(feature = "controller")]
+pub mod pod_store;
+#[cfg(feature = "controller")]
 pub mod providers;
 #[cfg(feature = "controller")]
 pub mod provisioning;

@@ -13,6 +13,7 @@ use super::batch::{BatchState, Batcher};
 use super::config::{secs, ControllerConfig};
 use super::drain::{self, DrainOutcome};
 use super::leader::{Fence, LeaderElector};
+use super::pod_store::PodStore;
 use super::providers::ProviderSet;
 use super::readiness;
 use super::snapshot::{self, ClusterView};
@@ -170,7 +171,8 @@ impl Drop for Tasks {
 /// The stores the loop reads.
 struct Stores {
     nodes: Store<Node>,
-    pods: Store<Pod>,
+    /// Pods, converted as they arrive.
+    pods: PodStore,
     pdbs: Store<PodDisruptionBudget>,
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
@@ -209,7 +211,7 @@ struct LoopState {
     /// the next pass, and a second eviction of a terminating pod is wasted (the real API answers
     /// 201 again). Lost on restart, which only costs one repeated eviction.
     evicted_at: BTreeMap<String, Instant>,
-    /// Each Node's and Pod's conversion, kept until the object changes.
+    /// Each Node's conversion, kept until the node changes.
     conversions: crate::k8s::ConversionCache,
 }
 
@@ -229,9 +231,8 @@ where
     spawn_reflector_dyn(api, writer, notify, kind, K::DynamicType::default(), |_| {})
 }
 
-/// A reflector whose store keeps of each Node or Pod only what the loop reads
-/// ([`crate::k8s::slim_pod`]): at 50,000 pods the full objects would be most of the controller's
-/// memory.
+/// A reflector whose store keeps of each Node only what the loop reads
+/// ([`crate::k8s::slim_node`]): node images and system info are most of a Node.
 fn spawn_slim_reflector<K>(
     api: Api<K>,
     writer: Writer<K>,
@@ -324,14 +325,19 @@ impl Controller {
         let mut tasks = Tasks(Vec::new());
 
         let node_w = Writer::<Node>::default();
-        let pod_w = Writer::<Pod>::default();
+        let (pods, pod_task) = PodStore::spawn(
+            Api::all(self.client.clone()),
+            cfg.training.checkpoint_annotation.clone(),
+            notify.clone(),
+        );
+        tasks.0.push(pod_task);
         let pdb_w = Writer::<PodDisruptionBudget>::default();
         let claim_w = Writer::<PersistentVolumeClaim>::default();
         let volume_w = Writer::<PersistentVolume>::default();
         let class_w = Writer::<StorageClass>::default();
         let mut stores = Stores {
             nodes: node_w.as_reader(),
-            pods: pod_w.as_reader(),
+            pods,
             pdbs: pdb_w.as_reader(),
             claims: claim_w.as_reader(),
             volumes: volume_w.as_reader(),
@@ -372,20 +378,12 @@ impl Controller {
                 return Err(ControllerError::NotServed { what });
             }
         }
-        let (slim_node, slim_pod) = (crate::k8s::slim_node, crate::k8s::slim_pod);
         tasks.0.push(spawn_slim_reflector(
             Api::all(self.client.clone()),
             node_w,
             notify.clone(),
             "Node",
-            slim_node,
-        ));
-        tasks.0.push(spawn_slim_reflector(
-            Api::all(self.client.clone()),
-            pod_w,
-            notify.clone(),
-            "Pod",
-            slim_pod,
+            crate::k8s::slim_node,
         ));
         tasks.0.push(spawn_reflector(
             Api::all(self.client.clone()),

@@ -7,20 +7,17 @@
 //! the planner does not pick their nodes.
 
 use super::config::ControllerConfig;
-use super::drain::{self, Deletion, DrainMarks, PodFacts, ReplaceMarks};
+use super::drain::{self, DrainMarks, PodFacts, ReplaceMarks};
+use super::pod_store::PodRecord;
 use crate::k8s::{ConversionCache, SnapshotError, SourcedObject};
-use crate::model::{ClusterSnapshot, GpuDemand};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, PodTemplate};
+use crate::model::ClusterSnapshot;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, PodTemplate};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-/// Mirror pods carry this annotation.
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// The cluster as the loop sees it.
 #[derive(Debug, Clone, Default)]
@@ -38,23 +35,8 @@ pub struct ClusterView {
 }
 
 /// Pods waiting for a node: no `spec.nodeName`, not finished, not being deleted.
-pub fn pending_pod_ids(pods: &[impl AsRef<Pod>]) -> Vec<String> {
-    pods.iter()
-        .map(AsRef::as_ref)
-        .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.as_deref().unwrap_or_default().is_empty()))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            matches!(phase, None | Some("Pending"))
-        })
-        .map(|p| {
-            format!(
-                "{}/{}",
-                p.metadata.namespace.as_deref().unwrap_or("default"),
-                p.metadata.name.as_deref().unwrap_or_default()
-            )
-        })
-        .collect()
+pub fn pending_pod_ids(pods: &[impl AsRef<PodRecord>]) -> Vec<String> {
+    pods.iter().map(AsRef::as_ref).filter(|p| p.waiting).map(PodRecord::id).collect()
 }
 
 fn to_value<T: serde::Serialize>(kind: &str, api_version: &str, obj: &T) -> Value {
@@ -130,13 +112,14 @@ pub fn provisioning_objects(
     out
 }
 
-/// Builds the view from the stored objects; `pod_groups` are PodGroup objects as JSON, `storage`
-/// what [`storage_objects`] and [`dra_objects`] make. `cache` keeps each Node's and Pod's conversion between calls,
-/// so a loop converts only what changed.
+/// Builds the view from the stored objects; pods come converted already ([`PodRecord`]),
+/// `pod_groups` are PodGroup objects as JSON, `storage` what [`storage_objects`] and
+/// [`dra_objects`] make. `cache` keeps each Node's conversion between calls, so a loop converts
+/// only what changed.
 #[allow(clippy::too_many_arguments)]
 pub fn build(
     nodes: &[impl AsRef<Node>],
-    pods: &[impl AsRef<Pod>],
+    pods: &[impl AsRef<PodRecord>],
     pdbs: &[impl AsRef<PodDisruptionBudget>],
     pod_groups: &[Value],
     storage: Vec<SourcedObject>,
@@ -154,8 +137,8 @@ pub fn build(
         };
     let mut nodes: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
     nodes.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
-    let mut pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
-    pods.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
+    let mut pods: Vec<&PodRecord> = pods.iter().map(AsRef::as_ref).collect();
+    pods.sort_unstable_by(|a, b| a.identity().cmp(&b.identity()));
     let mut pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(AsRef::as_ref).collect();
     pdbs.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
     let no_annotations = BTreeMap::new();
@@ -183,38 +166,18 @@ pub fn build(
             value
         })
         .collect();
-    let loaded = cache.convert(&nodes, &pods, &pdbs, &pod_groups, &storage)?;
+    let conversions: Vec<_> = pods.iter().map(|p| &p.conversion).collect();
+    let loaded = cache.convert(&nodes, &conversions, &pdbs, &pod_groups, &storage)?;
     view.snapshot = loaded.snapshot;
     view.warnings = loaded.warnings;
 
     let workloads: BTreeMap<&str, usize> =
         view.snapshot.workloads.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
     let mut protected = Vec::new();
-    for p in pods.iter().copied() {
-        let id = name_of(&p.metadata);
+    for p in &pods {
+        let id = p.id();
         let Some(&wi) = workloads.get(id.as_str()) else { continue };
-        let w = &view.snapshot.workloads[wi];
-        let annotations = p.metadata.annotations.as_ref().unwrap_or(&no_annotations);
-        let facts = PodFacts {
-            namespace: p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
-            name: p.metadata.name.clone().unwrap_or_default(),
-            node: w.node_name.clone(),
-            owner: w.owner.clone(),
-            mirror: annotations.contains_key(MIRROR_ANNOTATION),
-            terminal: false,
-            eviction_blocked: w.eviction_blocked.clone(),
-            gpu: !matches!(w.gpu, GpuDemand::None),
-            started_at: p.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0),
-            checkpoint_at: annotations
-                .get(&config.training.checkpoint_annotation)
-                .and_then(|v| v.parse::<Timestamp>().ok()),
-            deletion: p.metadata.deletion_timestamp.as_ref().map(|t| Deletion {
-                at: t.0,
-                grace: Duration::from_secs(
-                    p.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0) as u64
-                ),
-            }),
-        };
+        let facts = p.facts(&view.snapshot.workloads[wi]);
         if facts.node.is_some() && facts.eviction_blocked.is_none() && facts.is_training() {
             if let Some(reason) = drain::protection(&facts, config, now) {
                 protected.push((wi, reason));
@@ -234,6 +197,7 @@ pub fn build(
 mod tests {
     use super::*;
     use crate::controller::drain::DISRUPTING_TAINT;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
     use std::sync::Arc;
 
@@ -276,6 +240,10 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn record(p: Pod) -> Arc<PodRecord> {
+        Arc::new(PodRecord::new(p, &ControllerConfig::default().training.checkpoint_annotation))
+    }
+
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).unwrap()
     }
@@ -297,8 +265,8 @@ mod tests {
             }),
         );
         let pods = vec![
-            Arc::new(pod("a", None, json!({}))),
-            Arc::new(pod("b", Some("n2"), json!({"status": {"startTime": t(-10).to_string()}}))),
+            record(pod("a", None, json!({}))),
+            record(pod("b", Some("n2"), json!({"status": {"startTime": t(-10).to_string()}}))),
         ];
         let nodes = vec![Arc::new(draining), Arc::new(evicting), Arc::new(node("n3", json!({})))];
         let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];
@@ -331,9 +299,9 @@ mod tests {
     #[test]
     fn the_same_objects_in_any_store_order_give_the_same_snapshot_and_plan() {
         let nodes: Vec<Arc<Node>> = (0..6).map(|i| Arc::new(node(&format!("n{i}"), json!({})))).collect();
-        let pods: Vec<Arc<Pod>> = (0..6)
+        let pods: Vec<Arc<PodRecord>> = (0..6)
             .map(|i| {
-                Arc::new(pod(&format!("p{i}"), (i % 2 == 0).then(|| format!("n{i}")).as_deref(), json!({})))
+                record(pod(&format!("p{i}"), (i % 2 == 0).then(|| format!("n{i}")).as_deref(), json!({})))
             })
             .collect();
         let pdbs: Vec<Arc<PodDisruptionBudget>> = vec![];

@@ -1,8 +1,9 @@
-//! Conversion kept between controller loops. Each Node and Pod is converted when it changes (a
-//! new `resourceVersion`) and its result reused until then, so a loop over a 5,000-node,
-//! 60,000-pod cluster converts what changed, not the cluster. Assembling the snapshot (pods onto
-//! nodes, devices, storage, budgets) is the same step every source goes through, so the result is
-//! the snapshot [`super::convert`] makes of the same objects.
+//! Conversion kept between controller loops. Each Pod is converted once, when it arrives
+//! ([`PodConversion`], which the controller's store keeps instead of the Pod), and each Node when
+//! it changes (a new `resourceVersion`), its result reused until then; so a loop over a
+//! 5,000-node, 60,000-pod cluster converts what changed, not the cluster. Assembling the snapshot
+//! (pods onto nodes, devices, storage, budgets) is the same step every source goes through, so the
+//! result is the snapshot [`super::convert`] makes of the same objects.
 
 use super::decode::{self, Decoded, PodEntry};
 use super::{convert_node, convert_pod, convert_pod_group, volume, ConvertedNode, ConvertedPod};
@@ -13,6 +14,62 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rayon::prelude::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
+
+/// A Pod converted on its own, as soon as it is seen, for snapshots assembled from it again and
+/// again: what a controller keeps of each of tens of thousands of pods, in place of the Pod.
+#[derive(Debug)]
+pub struct PodConversion {
+    /// `Pod <namespace>/<name>`.
+    origin: String,
+    /// The conversion without PodGroup sizes (applied at assembly: they change apart from the
+    /// pod), or, when it failed, the pod, converted again at assembly for its error.
+    converted: Result<(Option<ConvertedPod>, Vec<String>), Box<Pod>>,
+    /// The pod, when it names PersistentVolumeClaims (the storage checks read it).
+    with_claims: Option<Box<Pod>>,
+    /// Its DRA claim references, when it has any.
+    dra: Option<Box<super::dra::PodClaims>>,
+}
+
+impl PodConversion {
+    /// Converts `pod` (best [`super::slim_pod`]-ed: a failed conversion or one with claims keeps it).
+    pub fn new(pod: Pod) -> Self {
+        let origin = format!("Pod {}", name(&pod.metadata));
+        let mut warnings = Vec::new();
+        let converted = match convert_pod(&pod, &origin, &BTreeMap::new(), &mut warnings) {
+            Ok(c) => Ok((c, warnings)),
+            Err(_) => Err(Box::new(pod.clone())),
+        };
+        let dra = super::dra::PodClaims::of(&pod).map(Box::new);
+        let with_claims = volume::Storage::uses_claims(&pod).then(|| Box::new(pod));
+        PodConversion { origin, converted, with_claims, dra }
+    }
+
+    /// The converted pod, when it converted and needs resources (not Succeeded or Failed).
+    pub fn pod(&self) -> Option<&ConvertedPod> {
+        self.converted.as_ref().ok().and_then(|(c, _)| c.as_ref())
+    }
+
+    /// What assembly takes: the conversion with the gang's size from its PodGroup (`sizes`), as
+    /// [`convert_pod`] with `sizes` gives it.
+    fn entry(&self, sizes: &BTreeMap<String, u32>) -> PodEntry {
+        let converted = match &self.converted {
+            Ok((pod, warnings)) => {
+                let mut pod = pod.clone();
+                if let Some(w) = pod.as_mut().map(|p| &mut p.workload) {
+                    if let Some(size) = w.gang.as_ref().and_then(|g| sizes.get(g)) {
+                        w.gang_min_members = Some(*size);
+                    }
+                }
+                Ok((pod, warnings.clone()))
+            }
+            Err(pod) => {
+                let mut warnings = Vec::new();
+                convert_pod(pod, &self.origin, sizes, &mut warnings).map(|c| (c, warnings))
+            }
+        };
+        PodEntry { converted, with_claims: self.with_claims.clone(), dra: self.dra.clone() }
+    }
+}
 
 /// One object's conversion and what it said, valid for one version of the object.
 struct Entry<T> {
@@ -29,25 +86,29 @@ type Converted<T> = Result<(T, Vec<String>), SnapshotError>;
 /// What a loop converted and reused, for logs and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConversionCounts {
-    /// Nodes and pods converted this time (new or changed).
+    /// Nodes converted this time (new or changed).
     pub converted: usize,
-    /// Nodes and pods whose earlier conversion was reused.
+    /// Nodes whose earlier conversion was reused.
     pub reused: usize,
 }
 
-/// The conversions of the objects seen last time, by uid. Objects without a uid or
+/// The conversions of the Nodes seen last time, by uid. Objects without a uid or
 /// `resourceVersion` (never so from an API server) are converted every time.
 #[derive(Default)]
 pub struct ConversionCache {
     nodes: HashMap<String, Entry<ConvertedNode>>,
-    pods: HashMap<String, Entry<Option<ConvertedPod>>>,
-    /// Gang sizes from PodGroups the cached pods were converted with: a change converts every
-    /// pod again.
-    pod_groups: BTreeMap<String, u32>,
     /// Calls so far.
     calls: u64,
     /// The last call's counts.
     pub counts: ConversionCounts,
+}
+
+/// `namespace/name`, or `name` of a cluster-scoped object, for messages.
+fn name(meta: &ObjectMeta) -> String {
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
+        None => meta.name.clone().unwrap_or_default(),
+    }
 }
 
 fn identity(meta: &ObjectMeta) -> Option<(&str, &str)> {
@@ -123,7 +184,7 @@ impl ConversionCache {
     pub fn convert(
         &mut self,
         nodes: &[&Node],
-        pods: &[&Pod],
+        pods: &[&PodConversion],
         pdbs: &[&PodDisruptionBudget],
         pod_groups: &[Value],
         others: &[SourcedObject],
@@ -135,14 +196,6 @@ impl ConversionCache {
             let (name, size) = convert_pod_group(g, "PodGroup")?;
             sizes.insert(name, size);
         }
-        if sizes != self.pod_groups {
-            self.pods.clear();
-            self.pod_groups = sizes.clone();
-        }
-        let name = |meta: &ObjectMeta| match &meta.namespace {
-            Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
-            None => meta.name.clone().unwrap_or_default(),
-        };
         let converted_nodes = convert_kind(
             nodes,
             |n: &Node| &n.metadata,
@@ -151,21 +204,12 @@ impl ConversionCache {
             convert_node,
             &mut self.counts,
         );
-        let converted_pods = convert_kind(
-            pods,
-            |p: &Pod| &p.metadata,
-            |p: &Pod| format!("Pod {}", name(&p.metadata)),
-            (&mut self.pods, self.calls),
-            |p, origin, warnings| convert_pod(p, origin, &sizes, warnings),
-            &mut self.counts,
-        );
         let mut objects: Vec<(String, Decoded)> =
             Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len() + others.len());
         objects.extend(converted_nodes.into_iter().map(|(origin, c)| (origin, Decoded::Node(c))));
-        for ((origin, converted), k) in converted_pods.into_iter().zip(pods) {
-            let with_claims = volume::Storage::uses_claims(k).then(|| Box::new((*k).clone()));
-            let dra = super::dra::PodClaims::of(k).map(Box::new);
-            objects.push((origin, Decoded::Pod(PodEntry { converted, with_claims, dra })));
+        let entries: Vec<PodEntry> = pods.par_iter().map(|p| p.entry(&sizes)).collect();
+        for (p, entry) in pods.iter().zip(entries) {
+            objects.push((p.origin.clone(), Decoded::Pod(entry)));
         }
         for b in pdbs {
             objects.push((

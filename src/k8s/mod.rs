@@ -25,7 +25,7 @@ mod validation;
 mod volume;
 
 pub use error::SnapshotError;
-pub use incremental::{ConversionCache, ConversionCounts};
+pub use incremental::{ConversionCache, ConversionCounts, PodConversion};
 pub use instance_types::instance_gpus;
 pub use node::{
     convert_node, layout_mig, parse_hami_register, ConvertedNode, HamiDevice, DISRUPTING_TAINT,

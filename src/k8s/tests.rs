@@ -978,8 +978,9 @@ fn generated_lists_convert_the_same_both_ways_into_their_model() {
 }
 
 /// The controller's incremental conversion gives the snapshot a one-shot conversion of the same
-/// objects gives, converting only objects whose resourceVersion changed (and every pod again when
-/// a PodGroup's size changes); objects gone are forgotten.
+/// objects gives: pods converted on their own ([`PodConversion`], sizes of their PodGroups applied
+/// at assembly), nodes converted again only when their resourceVersion changed; objects gone are
+/// forgotten.
 #[test]
 fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_changed() {
     use crate::sim::kubectl_list::{self, ListShape};
@@ -999,8 +1000,14 @@ fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_
             other => panic!("unexpected {other:?}"),
         }
     }
+    // Four pods of one namespace form a gang whose size its PodGroup says.
+    let namespace = pods[0].metadata.namespace.clone().unwrap();
+    for p in pods.iter_mut().filter(|p| p.metadata.namespace.as_ref() == Some(&namespace)).take(4) {
+        let labels = p.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert("scheduling.x-k8s.io/pod-group".into(), "train".into());
+    }
     let gang = json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-        "metadata": {"name": "train", "namespace": "team-0"}, "spec": {"minMember": 4}});
+        "metadata": {"name": "train", "namespace": namespace}, "spec": {"minMember": 4}});
     // The one-shot conversion of the same objects, as `plan --snapshot` does it.
     let one_shot = |nodes: &[core::Node], pods: &[core::Pod], gang: &Value| {
         let mut objects: Vec<SourcedObject> = Vec::new();
@@ -1028,11 +1035,12 @@ fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_
     let mut cache = ConversionCache::default();
     let mut incremental = |nodes: &[core::Node], pods: &[core::Pod], gang: &Value| {
         let n: Vec<&core::Node> = nodes.iter().collect();
-        let p: Vec<&core::Pod> = pods.iter().collect();
+        let conversions: Vec<PodConversion> = pods.iter().cloned().map(PodConversion::new).collect();
+        let p: Vec<&PodConversion> = conversions.iter().collect();
         let loaded = cache.convert(&n, &p, &[], std::slice::from_ref(gang), &[]).unwrap();
         (loaded, cache.counts)
     };
-    let total = nodes.len() + pods.len();
+    let total = nodes.len();
     let (first, counts) = incremental(&nodes, &pods, &gang);
     same(&first, &one_shot(&nodes, &pods, &gang));
     assert_eq!(counts, ConversionCounts { converted: total, reused: 0 });
@@ -1110,18 +1118,52 @@ fn conversions_kept_between_loops_give_the_one_shot_snapshot_and_redo_only_what_
     pods.push(new);
     let (changed, counts) = incremental(&nodes, &pods, &gang);
     same(&changed, &one_shot(&nodes, &pods, &gang));
-    assert_eq!(counts, ConversionCounts { converted: 2, reused: nodes.len() + pods.len() - 2 });
+    assert_eq!(counts, ConversionCounts { converted: 0, reused: nodes.len() });
     let cpu = |l: &LoadedSnapshot, name: &str| {
         l.snapshot.workloads.iter().find(|w| w.id.ends_with(&format!("/{name}"))).unwrap().requests.cpu_milli
     };
     assert_eq!(cpu(&changed, "brand-new"), 3000);
 
-    // A PodGroup's size changes what every pod of the gang is: all pods are converted again.
+    // A node changes: only it is converted again.
+    nodes[0].metadata.resource_version = Some("99999999".into());
+    nodes[0].metadata.labels.get_or_insert_with(Default::default).insert("pool".into(), "b".into());
+    let (relabelled, counts) = incremental(&nodes, &pods, &gang);
+    same(&relabelled, &one_shot(&nodes, &pods, &gang));
+    assert_eq!(counts, ConversionCounts { converted: 1, reused: nodes.len() - 1 });
+
+    // A PodGroup's size changes what every pod of the gang is, though no pod changed.
     let mut bigger = gang.clone();
     bigger["spec"]["minMember"] = json!(8);
-    let (regrouped, counts) = incremental(&nodes, &pods, &bigger);
+    let (regrouped, _) = incremental(&nodes, &pods, &bigger);
     same(&regrouped, &one_shot(&nodes, &pods, &bigger));
-    assert_eq!(counts, ConversionCounts { converted: pods.len(), reused: nodes.len() });
+    let gang_sizes = |l: &LoadedSnapshot| -> Vec<Option<u32>> {
+        l.snapshot
+            .workloads
+            .iter()
+            .filter(|w| w.gang.is_some())
+            .map(|w| w.gang_min_members)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(gang_sizes(&first), vec![Some(4); 4]);
+    assert_eq!(gang_sizes(&regrouped), vec![Some(8); 4]);
+
+    // A pod that does not convert fails the assembly with the one-shot conversion's error.
+    pods[0].spec.as_mut().unwrap().containers.clear();
+    let n: Vec<&core::Node> = nodes.iter().collect();
+    let broken = PodConversion::new(pods[0].clone());
+    let error = cache.convert(&n, &[&broken], &[], &[], &[]).unwrap_err().to_string();
+    assert!(error.contains("spec.containers"), "{error}");
+    let pod = serde_json::to_value(&pods[0]).unwrap();
+    let mut pod_object = pod.clone();
+    pod_object["apiVersion"] = json!("v1");
+    pod_object["kind"] = json!("Pod");
+    let origin = format!(
+        "Pod {}/{}",
+        pod["metadata"]["namespace"].as_str().unwrap(),
+        pod["metadata"]["name"].as_str().unwrap()
+    );
+    let one_shot_error = convert(&[SourcedObject::new(origin, pod_object)]).unwrap_err().to_string();
+    assert_eq!(error, one_shot_error);
 }
 
 fn dra_class() -> Value {
