@@ -81,17 +81,13 @@ impl PodRecord {
 
     /// `namespace/name`.
     pub fn id(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        id(&self.namespace, &self.name)
     }
 
     /// The store's key of `pod`: its `namespace/name`, as [`Self::id`] has it.
     fn key_of(pod: &Pod) -> String {
         let meta = &pod.metadata;
-        format!(
-            "{}/{}",
-            meta.namespace.as_deref().unwrap_or("default"),
-            meta.name.as_deref().unwrap_or_default()
-        )
+        id(meta.namespace.as_deref().unwrap_or("default"), meta.name.as_deref().unwrap_or_default())
     }
 
     /// The order snapshots list pods in, whatever order the store hands them out.
@@ -115,6 +111,11 @@ impl PodRecord {
             deletion: self.deletion.clone(),
         }
     }
+}
+
+/// A pod's `namespace/name`, the key of the store and the id of its workload.
+fn id(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 impl AsRef<PodRecord> for PodRecord {
@@ -223,7 +224,7 @@ impl Follower {
                 let converted = convert_all(std::mem::take(&mut self.page), self.key.clone()).await;
                 let mut listed = self.relist.take().unwrap_or_default();
                 listed.extend(converted);
-                *self.records.write().unwrap_or_else(|p| p.into_inner()) = listed;
+                *write() = listed;
                 self.ready.send_replace(true);
             }
         }
