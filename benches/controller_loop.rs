@@ -250,6 +250,13 @@ fn main() {
         let _ = child.kill();
         let _ = child.wait();
 
+        // Each pass as it came, to tell a slow outlier from a slow trend.
+        let passes: Vec<String> = steady
+            .iter()
+            .zip(&converting)
+            .zip(&planning)
+            .map(|((s, c), p)| format!("{s:.2} ({c:.2}+{p:.2})"))
+            .collect();
         for v in [&mut steady, &mut converting, &mut planning] {
             v.sort_by(f64::total_cmp);
         }
@@ -274,6 +281,7 @@ fn main() {
             quantile(&planning, 0.5),
             cold.planning
         );
+        println!("  passes in order, s (converting+planning): {}", passes.join(" "));
         println!("  controller memory  RSS {rss:.0} MiB, peak {peak:.0} MiB");
         println!("  anchors: KAI 2.2-2.5 s per cycle at 4k nodes; Karpenter's controller under 260 MB (its perf suite)");
     });

@@ -158,6 +158,25 @@ pub static A30_24GB: MigGeometry = MigGeometry {
     ],
 };
 
+/// The slots, compute slices and media extensions a GPU's instances take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LayoutState {
+    occupied: u16,
+    compute: u8,
+    media: bool,
+}
+
+impl LayoutState {
+    /// The state with one more instance of `profile` at `start`.
+    pub fn with(self, profile: &MigProfile, start: u8) -> Self {
+        Self {
+            occupied: self.occupied | MigGeometry::mask(profile, start),
+            compute: self.compute + profile.compute_slices,
+            media: self.media || profile.media_extensions,
+        }
+    }
+}
+
 impl MigGeometry {
     /// Looks a profile up by name.
     pub fn profile(&self, name: &str) -> Option<&MigProfile> {
@@ -209,21 +228,36 @@ impl MigGeometry {
     /// when it fits nowhere. Among the valid starts it keeps the most room for later instances: the
     /// start after which the largest number of slots remains placeable for the biggest profiles.
     pub fn best_start(&self, layout: &[MigPlacement], profile: &MigProfile) -> Option<u8> {
-        let (occupied, compute) = self.occupancy(layout)?;
-        if compute + profile.compute_slices > self.compute_slices {
+        self.best_start_in(self.layout_state(layout)?, profile)
+    }
+
+    /// [`MigGeometry::best_start`] on a layout's [`LayoutState`].
+    pub fn best_start_in(&self, layout: LayoutState, profile: &MigProfile) -> Option<u8> {
+        if layout.compute + profile.compute_slices > self.compute_slices {
             return None;
         }
-        if profile.media_extensions
-            && layout.iter().any(|i| self.profile(&i.profile).is_some_and(|p| p.media_extensions))
-        {
+        if profile.media_extensions && layout.media {
             return None;
         }
         profile
             .starts
             .iter()
             .copied()
-            .filter(|&s| Self::mask(profile, s) & occupied == 0)
-            .max_by_key(|&s| (self.room_left(occupied | Self::mask(profile, s)), s))
+            .filter(|&s| Self::mask(profile, s) & layout.occupied == 0)
+            .max_by_key(|&s| (self.room_left(layout.occupied | Self::mask(profile, s)), s))
+    }
+
+    /// What placing more instances on a GPU depends on; `None` when the layout names unknown
+    /// profiles.
+    pub fn layout_state<'a>(
+        &self,
+        layout: impl IntoIterator<Item = &'a MigPlacement>,
+    ) -> Option<LayoutState> {
+        let mut state = LayoutState::default();
+        for inst in layout {
+            state = state.with(self.profile(&inst.profile)?, inst.start);
+        }
+        Some(state)
     }
 
     /// Occupied slot mask and compute slices used by a layout; `None` when it names unknown profiles.

@@ -100,29 +100,65 @@ const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// fewest instances; regional managed instance groups spread evenly), the first listed on ties.
 /// `None` for a single-zone group, whose template already sits in its zone.
 pub fn next_zone<'a, 'n>(group: &'a NodeGroup, members: impl Iterator<Item = &'n Node>) -> Option<&'a str> {
+    let mut counts = vec![0usize; group.zones.len()];
+    members.filter_map(|n| zone_slot(group, n)).for_each(|i| counts[i] += 1);
+    fewest(group, &counts)
+}
+
+/// Which of `group`'s zones `node` is in.
+fn zone_slot(group: &NodeGroup, node: &Node) -> Option<usize> {
+    node.labels.get(ZONE_LABEL).and_then(|z| group.zones.iter().position(|g| g == z))
+}
+
+/// [`next_zone`] given how many members each zone holds.
+fn fewest<'a>(group: &'a NodeGroup, counts: &[usize]) -> Option<&'a str> {
     if group.zones.len() < 2 {
         return None;
-    }
-    let mut counts = vec![0usize; group.zones.len()];
-    for n in members {
-        if let Some(i) = n.labels.get(ZONE_LABEL).and_then(|z| group.zones.iter().position(|g| g == z)) {
-            counts[i] += 1;
-        }
     }
     let fewest = (0..counts.len()).min_by_key(|&i| (counts[i], i))?;
     Some(group.zones[fewest].as_str())
 }
 
-/// A node of `group` as [`template_node`] makes it, in the zone [`next_zone`] picks among the
-/// group's `members`.
-pub fn next_node<'n>(
-    group: &NodeGroup,
-    name: String,
-    state: NodeState,
-    members: impl Iterator<Item = &'n Node>,
-) -> Node {
+/// How many of each group's nodes each of its zones holds, kept as a plan adds and retires
+/// nodes: [`next_zone`] walks the whole cluster, too slow to ask once per pending pod and group.
+pub struct ZoneCounts(Vec<Vec<usize>>);
+
+impl ZoneCounts {
+    /// The counts of the groups' members among `nodes`.
+    pub fn of(groups: &[NodeGroup], nodes: &[Node], info: &[NodeInfo]) -> Self {
+        let mut counts = Self(groups.iter().map(|g| vec![0; g.zones.len()]).collect());
+        for (node, i) in nodes.iter().zip(info) {
+            if let Some(gi) = i.group {
+                counts.add(&groups[gi], gi, node);
+            }
+        }
+        counts
+    }
+
+    /// Counts `node`, a new member of group `gi`.
+    pub fn add(&mut self, group: &NodeGroup, gi: usize, node: &Node) {
+        if let Some(i) = zone_slot(group, node) {
+            self.0[gi][i] += 1;
+        }
+    }
+
+    /// Stops counting `node`, a member of group `gi` about to be retired.
+    pub fn remove(&mut self, group: &NodeGroup, gi: usize, node: &Node) {
+        if let Some(i) = zone_slot(group, node) {
+            self.0[gi][i] -= 1;
+        }
+    }
+
+    /// [`next_zone`] of group `gi`.
+    pub fn next<'a>(&self, group: &'a NodeGroup, gi: usize) -> Option<&'a str> {
+        fewest(group, &self.0[gi])
+    }
+}
+
+/// A node of `group` as [`template_node`] makes it, in `zone` ([`next_zone`]'s pick).
+pub fn next_node(group: &NodeGroup, name: String, state: NodeState, zone: Option<&str>) -> Node {
     let mut node = template_node(group, name, state);
-    if let Some(zone) = next_zone(group, members) {
+    if let Some(zone) = zone {
         node.labels.insert(ZONE_LABEL.to_string(), zone.to_string());
         node.zone = Some(zone.to_string());
     }
@@ -225,13 +261,15 @@ pub fn build<'p>(
         nodes.push(node);
         info.push(NodeInfo { group, origin, pods: Vec::new() });
     }
+    let mut zones = ZoneCounts::of(groups, &nodes, &info);
     for (gi, g) in groups.iter().enumerate() {
         let failed =
             g.instances.iter().filter(|i| matches!(i.state, InstanceState::Failed { .. })).count() as u32;
         let upcoming = g.target_size.saturating_sub(registered[gi] + failed);
         for k in 0..upcoming {
             let name = format!("{}-upcoming-{}", g.name(), k + 1);
-            let node = next_node(g, name, NodeState::Upcoming, members_of(&nodes, &info, gi));
+            let node = next_node(g, name, NodeState::Upcoming, zones.next(g, gi));
+            zones.add(g, gi, &node);
             nodes.push(node);
             info.push(NodeInfo { group: Some(gi), origin: Origin::Upcoming, pods: Vec::new() });
         }
@@ -418,6 +456,46 @@ mod tests {
              - {{name: gpu, instanceType: g5.xlarge, zones: [us-east-1a], minSize: 0, maxSize: 3, targetSize: {target}}}\n"
         );
         config::load_strs(&[("t.yaml", yaml.as_str())]).expect("valid config").node_groups()
+    }
+
+    /// The counts kept as nodes come and go pick the zone counting the members would: the
+    /// emptiest, the first listed on ties, never a zone outside the group.
+    #[test]
+    fn zone_counts_follow_added_and_retired_nodes_as_a_count_of_members_does() {
+        let yaml = "accounts:\n  - name: t\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      \
+             - {name: gpu, instanceType: g5.xlarge, zones: [us-east-1a, us-east-1b, us-east-1c], minSize: 0, maxSize: 9, targetSize: 0}\n";
+        let groups = config::load_strs(&[("t.yaml", yaml)]).expect("valid config").node_groups();
+        let g = &groups[0];
+        let in_zone = |name: &str, zone: &str| {
+            let mut n = template_node(g, name.into(), NodeState::Ready);
+            n.labels.insert(ZONE_LABEL.into(), zone.into());
+            n
+        };
+        // One member in 1b, and a node of no group in 1a (it counts nowhere).
+        let mut nodes = vec![in_zone("b-1", "us-east-1b"), in_zone("other", "us-east-1a")];
+        let mut info = vec![
+            NodeInfo { group: Some(0), origin: Origin::Ready, pods: Vec::new() },
+            NodeInfo { group: None, origin: Origin::Ready, pods: Vec::new() },
+        ];
+        let mut counts = ZoneCounts::of(&groups, &nodes, &info);
+        let counted = |nodes: &[Node], info: &[NodeInfo]| next_zone(g, members_of(nodes, info, 0));
+        let mut picks = Vec::new();
+        for k in 0..5 {
+            let zone = counts.next(g, 0);
+            assert_eq!(zone, counted(&nodes, &info), "pick {k}");
+            picks.push(zone.unwrap().to_string());
+            let node = next_node(g, format!("new-{k}"), NodeState::Upcoming, zone);
+            counts.add(g, 0, &node);
+            nodes.push(node);
+            info.push(NodeInfo { group: Some(0), origin: Origin::New, pods: Vec::new() });
+        }
+        assert_eq!(picks, ["us-east-1a", "us-east-1c", "us-east-1a", "us-east-1b", "us-east-1c"]);
+        // A retired node loses its labels and counts nowhere: its zone is the emptiest again.
+        let last = nodes.len() - 1;
+        counts.remove(g, 0, &nodes[last]);
+        nodes[last].labels.clear();
+        assert_eq!(counts.next(g, 0), Some("us-east-1c"));
+        assert_eq!(counts.next(g, 0), counted(&nodes, &info));
     }
 
     /// The nodes and bookkeeping [`build`] makes with the taint rules of `settings`.

@@ -1,7 +1,7 @@
 //! Scale-down and consolidation: which nodes can go because their pods fit elsewhere, and which
 //! expensive nodes one cheaper node can replace.
 
-use super::cluster::{members_of, next_node, NodeInfo, Origin};
+use super::cluster::{members_of, next_node, next_zone, NodeInfo, Origin};
 use super::plan::{Kept, Replace, ScaleDown};
 use super::scale_up::pack_fresh;
 use super::{PlanInput, PlannerSettings};
@@ -326,7 +326,8 @@ fn replace_expensive(
         let Some((h, g)) = cheaper else { continue };
         // Move the pods onto the replacement node in the simulation.
         let new_name = format!("{}-new-{}", g.name(), g.target_size + added[h] + 1);
-        let new_node = next_node(g, new_name, NodeState::Upcoming, members_of(placer.nodes(), info, h));
+        let new_node =
+            next_node(g, new_name, NodeState::Upcoming, next_zone(g, members_of(placer.nodes(), info, h)));
         let new_id = placer.add_node(new_node);
         info.push(NodeInfo { group: Some(h), origin: Origin::New, pods: Vec::new() });
         removed.push(false);

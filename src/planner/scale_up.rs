@@ -1,6 +1,6 @@
 //! Scale-up: the cheapest node-group growth that fits the pending pods existing capacity cannot.
 
-use super::cluster::{members_of, next_node, template_node, NodeInfo, Origin};
+use super::cluster::{next_node, template_node, NodeInfo, Origin, ZoneCounts};
 use super::plan::{ScaleUp, Unschedulable};
 use super::{PlanInput, Unit};
 use crate::model::{GpuDemand, Node, NodeGroup, NodeId, NodeState, Workload, GPU_MILLI};
@@ -202,17 +202,29 @@ pub(crate) fn plan(
     let mut unschedulable = Vec::new();
     let mut total_new = 0u32;
 
-    // What each pod would cost on its cheapest fitting group if it could rent just its share.
-    let standalone = |w: &Workload| -> f64 {
-        groups
+    // What each pod would cost on its cheapest fitting group if it could rent just its share;
+    // asked again for the same pods as lookahead of unit after unit, hence kept per pod.
+    let templates: Vec<Node> =
+        groups.iter().map(|g| template_node(g, String::new(), NodeState::Ready)).collect();
+    let standalone_of = std::cell::RefCell::new(vec![None::<f64>; workloads.len()]);
+    let standalone = |wi: usize| -> f64 {
+        if let Some(v) = standalone_of.borrow()[wi] {
+            return v;
+        }
+        let w = &workloads[wi];
+        let v = groups
             .iter()
-            .filter(|g| template_fit(g, w).is_ok())
-            .map(|g| g.price as f64 * dominant_share(w, &g.template).max(1e-6))
-            .fold(f64::INFINITY, f64::min)
+            .zip(&templates)
+            .filter(|(_, t)| fit::candidates(t, w).is_ok())
+            .map(|(g, _)| g.price as f64 * dominant_share(w, &g.template).max(1e-6))
+            .fold(f64::INFINITY, f64::min);
+        standalone_of.borrow_mut()[wi] = Some(v);
+        v
     };
 
     // The nodes this step adds come after those it started with.
     let first_added = placer.nodes().len();
+    let mut zones = ZoneCounts::of(groups, placer.nodes(), info);
     for (ui, unit) in units.iter().enumerate() {
         // Capacity this plan already adds may hold it.
         if let Some(placed) = place_unit(placer, workloads, unit, Among::Added(first_added)) {
@@ -238,12 +250,8 @@ pub(crate) fn plan(
                 why_not.push(format!("{name}: unavailable ({reason})"));
                 continue;
             }
-            let probe = next_node(
-                g,
-                format!("{}-new-probe", g.name()),
-                NodeState::Upcoming,
-                members_of(placer.nodes(), info, gi),
-            );
+            let probe =
+                next_node(g, format!("{}-new-probe", g.name()), NodeState::Upcoming, zones.next(g, gi));
             if let Err(u) = placer.fits_added(&probe, members[0]) {
                 why_not.push(format!("{name}: {}", u.as_str()));
                 continue;
@@ -262,19 +270,21 @@ pub(crate) fn plan(
                     ));
                     continue;
                 };
-                (n, fitted.iter().map(|&i| standalone(members[i])).sum::<f64>())
+                (n, fitted.iter().map(|&i| standalone(unit.pods[i])).sum::<f64>())
             } else {
                 // One new node: the pod plus what else pending would share it.
-                let mut lookahead: Vec<&Workload> = vec![members[0]];
-                lookahead.extend(
-                    units[ui + 1..]
-                        .iter()
-                        .filter(|u| u.gang.is_none())
-                        .take(LOOKAHEAD)
-                        .map(|u| &workloads[u.pods[0]]),
-                );
+                let ahead: Vec<usize> = std::iter::once(unit.pods[0])
+                    .chain(
+                        units[ui + 1..]
+                            .iter()
+                            .filter(|u| u.gang.is_none())
+                            .take(LOOKAHEAD)
+                            .map(|u| u.pods[0]),
+                    )
+                    .collect();
+                let lookahead: Vec<&Workload> = ahead.iter().map(|&wi| &workloads[wi]).collect();
                 let Some((_, fitted)) = pack_fresh_like(&probe, &lookahead, 1, 1) else { continue };
-                (1, fitted.iter().map(|&i| standalone(lookahead[i])).sum::<f64>())
+                (1, fitted.iter().map(|&i| standalone(ahead[i])).sum::<f64>())
             };
             let cost = g.price.saturating_mul(u64::from(nodes));
             if let Some(Err(reason)) = gate.as_deref().map(|t| t.check_budget(unit, cost)) {
@@ -324,7 +334,8 @@ pub(crate) fn plan(
             for _ in 0..want {
                 opened[gi] += 1;
                 let name = format!("{}-new-{}", g.name(), g.target_size + opened[gi]);
-                let node = next_node(g, name, NodeState::Upcoming, members_of(placer.nodes(), info, gi));
+                let node = next_node(g, name, NodeState::Upcoming, zones.next(g, gi));
+                zones.add(g, gi, &node);
                 placer.add_node(node);
                 info.push(NodeInfo { group: Some(gi), origin: Origin::New, pods: Vec::new() });
             }
@@ -332,6 +343,7 @@ pub(crate) fn plan(
         }
         let used: BTreeSet<usize> = placed.iter().flatten().map(|(_, p)| p.node).collect();
         for n in (first_new..placer.nodes().len()).filter(|n| !used.contains(n)) {
+            zones.remove(g, gi, &placer.nodes()[n]);
             placer.retire(n);
         }
         match placed {

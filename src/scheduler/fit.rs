@@ -2,7 +2,6 @@
 
 use crate::model::{DeviceAssignment, GpuDemand, GpuMode, Node, NodeState, VolumeNeed, Workload, GPU_MILLI};
 use serde::Serialize;
-use std::collections::BTreeMap;
 
 /// Why a workload does not fit a node. Reasons are data, reported per pod in plans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -234,6 +233,9 @@ pub fn replay(node: &Node, gpu: &GpuDemand) -> Result<DeviceAssignment, Unfit> {
 /// The MIG profile that `nvidia.com/gpu` stands for on a node using the device plugin's MIG
 /// `single` strategy.
 fn single_strategy_profile(node: &Node) -> Option<String> {
+    if !node.gpus.iter().any(|d| matches!(d.mode, GpuMode::Mig { .. })) {
+        return None;
+    }
     // GKE's MIG node pools (`gke-gpu-partition-size`) advertise partitions as `nvidia.com/gpu`.
     if node.labels.get("nvidia.com/mig.strategy").map(String::as_str) != Some("single")
         && !node.labels.contains_key(crate::model::GKE_PARTITION_SIZE_LABEL)
@@ -257,13 +259,16 @@ pub fn select_connected(node: &Node, idle: &[u8], k: usize) -> Vec<u8> {
         [&|g| (topo.nvlink_of(g), topo.numa_of(g)), &|g| (topo.nvlink_of(g), 0), &|g| {
             (None, topo.numa_of(g))
         }];
+    // GPUs sorted by key (stably: each group keeps the order of `idle`), so that groups are runs,
+    // visited in key order; the first smallest run that holds `k` wins.
+    let mut keyed: Vec<((Option<u8>, u8), u8)> = Vec::with_capacity(idle.len());
     for key in keys {
-        let mut groups: BTreeMap<(Option<u8>, u8), Vec<u8>> = BTreeMap::new();
-        for &g in idle {
-            groups.entry(key(g)).or_default().push(g);
-        }
-        if let Some(group) = groups.values().filter(|g| g.len() >= k).min_by_key(|g| g.len()) {
-            return group[..k].to_vec();
+        keyed.clear();
+        keyed.extend(idle.iter().map(|&g| (key(g), g)));
+        keyed.sort_by_key(|&(key, _)| key);
+        let groups = keyed.chunk_by(|a, b| a.0 == b.0);
+        if let Some(group) = groups.filter(|g| g.len() >= k).min_by_key(|g| g.len()) {
+            return group[..k].iter().map(|&(_, g)| g).collect();
         }
     }
     idle[..k].to_vec()
@@ -306,51 +311,52 @@ fn mig(node: &Node, profile_name: &str, count: u32) -> Result<Vec<DeviceAssignme
         return Err(Unfit::NoSuchGpu);
     };
     let mut any_mig = false;
-    // Per GPU, the instances it can give now: free configured ones, then new dynamic ones.
-    let mut per_gpu: Vec<(u8, Vec<crate::model::mig::MigPlacement>)> = Vec::new();
+    // Per GPU, the starts of the instances it can give now: free configured ones, then new
+    // dynamic ones (placements are built only for the instances taken).
+    let mut per_gpu: Vec<(u8, [u8; 8], usize)> = Vec::new();
     for d in &node.gpus {
         let GpuMode::Mig { instances, dynamic } = &d.mode else {
             continue;
         };
-        let mut offers: Vec<_> = instances
-            .iter()
-            .filter(|i| !i.used && i.placement.profile == profile_name)
-            .map(|i| i.placement.clone())
-            .collect();
-        any_mig |= *dynamic || instances.iter().any(|i| i.placement.profile == profile_name);
-        if *dynamic {
-            let mut layout: Vec<_> = instances.iter().map(|i| i.placement.clone()).collect();
-            while offers.len() < count as usize {
-                let Some(start) = geometry.best_start(&layout, profile) else {
-                    break;
-                };
-                let p = crate::model::mig::MigPlacement { profile: profile_name.to_string(), start };
-                layout.push(p.clone());
-                offers.push(p);
+        let (mut starts, mut offered) = ([0u8; 8], 0usize);
+        for i in instances.iter().filter(|i| !i.used && i.placement.profile == profile_name) {
+            if offered < starts.len() {
+                starts[offered] = i.placement.start;
+                offered += 1;
             }
         }
-        if !offers.is_empty() {
-            per_gpu.push((d.index, offers));
+        any_mig |= *dynamic || instances.iter().any(|i| i.placement.profile == profile_name);
+        if *dynamic {
+            if let Some(mut layout) = geometry.layout_state(instances.iter().map(|i| &i.placement)) {
+                while offered < (count as usize).min(starts.len()) {
+                    let Some(start) = geometry.best_start_in(layout, profile) else {
+                        break;
+                    };
+                    layout = layout.with(profile, start);
+                    starts[offered] = start;
+                    offered += 1;
+                }
+            }
+        }
+        if offered > 0 {
+            per_gpu.push((d.index, starts, offered));
         }
     }
     if !any_mig {
         return Err(Unfit::NoSuchGpu);
     }
-    let total: usize = per_gpu.iter().map(|(_, o)| o.len()).sum();
+    let total: usize = per_gpu.iter().map(|&(_, _, n)| n).sum();
     if total < count as usize {
         return Err(Unfit::InsufficientGpu);
     }
     // Take instances from the GPUs with the fewest offers first, so emptier GPUs stay whole.
-    per_gpu.sort_by_key(|(g, o)| (o.len(), *g));
-    let mut instances = Vec::with_capacity(count as usize);
-    'outer: for (g, offers) in per_gpu {
-        for p in offers {
-            if instances.len() == count as usize {
-                break 'outer;
-            }
-            instances.push((g, p));
-        }
-    }
+    per_gpu.sort_by_key(|&(g, _, n)| (n, g));
+    let instances = per_gpu
+        .iter()
+        .flat_map(|(g, starts, n)| starts[..*n].iter().map(move |&start| (*g, start)))
+        .take(count as usize)
+        .map(|(g, start)| (g, crate::model::mig::MigPlacement { profile: profile_name.to_string(), start }))
+        .collect();
     Ok(vec![DeviceAssignment::Mig { instances }])
 }
 
