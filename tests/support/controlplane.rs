@@ -201,7 +201,7 @@ impl ControlPlane {
             .unwrap();
         std::fs::write(
             d.join("audit-policy.yaml"),
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
         )
         .unwrap();
 
@@ -511,6 +511,24 @@ impl ControlPlane {
 
     /// Every request the API server has answered, from its audit log.
     pub fn audit(&self) -> Vec<AuditEvent> {
+        self.audit_log().iter().filter(|e| answered(e)).map(audit_event).collect()
+    }
+
+    /// Every request the API server received and never answered: it was killed while serving
+    /// them. Such a request may or may not have taken effect, and no answered record of it exists.
+    pub fn unanswered(&self) -> Vec<AuditEvent> {
+        let log = self.audit_log();
+        let done: std::collections::HashSet<&str> =
+            log.iter().filter(|e| answered(e)).filter_map(|e| e["auditID"].as_str()).collect();
+        log.iter()
+            .filter(|e| e["stage"] == "RequestReceived")
+            .filter(|e| e["auditID"].as_str().is_none_or(|id| !done.contains(id)))
+            .map(audit_event)
+            .collect()
+    }
+
+    /// The audit log's records, every stage.
+    fn audit_log(&self) -> Vec<Value> {
         let f = match std::fs::File::open(self.dir.path().join("audit.log")) {
             Ok(f) => f,
             Err(_) => return Vec::new(),
@@ -518,24 +536,7 @@ impl ControlPlane {
         BufReader::new(f)
             .lines()
             .map_while(Result::ok)
-            .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
-            .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "Panic")
-            .map(|e| AuditEvent {
-                user: e["user"]["username"].as_str().unwrap_or_default().to_string(),
-                verb: e["verb"].as_str().unwrap_or_default().to_string(),
-                uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
-                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
-                subresource: e["objectRef"]["subresource"].as_str().unwrap_or_default().to_string(),
-                namespace: e["objectRef"]["namespace"].as_str().unwrap_or_default().to_string(),
-                name: e["objectRef"]["name"].as_str().unwrap_or_default().to_string(),
-                api_group: e["objectRef"]["apiGroup"].as_str().unwrap_or_default().to_string(),
-                code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
-                decision: e["annotations"]["authorization.k8s.io/decision"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                received: e["requestReceivedTimestamp"].as_str().and_then(|t| t.parse().ok()),
-            })
+            .filter_map(|l| serde_json::from_str(&l).ok())
             .collect()
     }
 
@@ -569,7 +570,29 @@ impl Drop for ControlPlane {
     }
 }
 
-/// One answered request, as the audit log records it.
+/// Whether an audit record is a request's last: answered, or failed in a panic.
+fn answered(e: &Value) -> bool {
+    e["stage"] == "ResponseComplete" || e["stage"] == "Panic"
+}
+
+/// The fields of an audit record tests look at.
+fn audit_event(e: &Value) -> AuditEvent {
+    AuditEvent {
+        user: e["user"]["username"].as_str().unwrap_or_default().to_string(),
+        verb: e["verb"].as_str().unwrap_or_default().to_string(),
+        uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
+        resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
+        subresource: e["objectRef"]["subresource"].as_str().unwrap_or_default().to_string(),
+        namespace: e["objectRef"]["namespace"].as_str().unwrap_or_default().to_string(),
+        name: e["objectRef"]["name"].as_str().unwrap_or_default().to_string(),
+        api_group: e["objectRef"]["apiGroup"].as_str().unwrap_or_default().to_string(),
+        code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+        decision: e["annotations"]["authorization.k8s.io/decision"].as_str().unwrap_or_default().to_string(),
+        received: e["requestReceivedTimestamp"].as_str().and_then(|t| t.parse().ok()),
+    }
+}
+
+/// One request, as the audit log records it.
 #[derive(Debug, Clone)]
 pub struct AuditEvent {
     /// Authenticated user, e.g. `system:serviceaccount:kube-system:gpuscale-a`.
@@ -588,7 +611,7 @@ pub struct AuditEvent {
     pub name: String,
     /// API group (`""` for core).
     pub api_group: String,
-    /// HTTP status code.
+    /// HTTP status code (0 for a request never answered).
     pub code: u16,
     /// The authorizer's decision (`allow`, `forbid`).
     pub decision: String,
