@@ -633,9 +633,13 @@ async fn an_api_server_crash_mid_drain_neither_loses_pods_nor_deletes_twice() {
     c.wait_until(WAIT, "the drained node deleted", || async { c.node(&idle).await.is_none() }).await;
     // An eviction the crash cut off may have taken effect with no answered record of it: then
     // the pod left through it (it is gone or terminating) and was not evicted again.
-    let cut_off = c.cp.unanswered();
+    let cut_off: Vec<_> =
+        c.cp.unanswered()
+            .into_iter()
+            .filter(|e| e.subresource == "eviction" && e.namespace == "ml")
+            .collect();
     for pod in ["web", "side-0", "side-1", "side-2"] {
-        let cut = cut_off.iter().filter(|e| e.subresource == "eviction" && e.name == pod).count();
+        let cut = cut_off.iter().filter(|e| e.name == pod).count();
         let left = c.pod(pod).await.is_none_or(|p| p["metadata"]["deletionTimestamp"].is_string());
         match evictions(&c, pod, 201) {
             1 => {}

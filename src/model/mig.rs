@@ -262,14 +262,7 @@ impl MigGeometry {
 
     /// Occupied slot mask and compute slices used by a layout; `None` when it names unknown profiles.
     pub fn occupancy(&self, layout: &[MigPlacement]) -> Option<(u16, u8)> {
-        let mut occupied = 0u16;
-        let mut compute = 0u8;
-        for inst in layout {
-            let p = self.profile(&inst.profile)?;
-            occupied |= Self::mask(p, inst.start);
-            compute += p.compute_slices;
-        }
-        Some((occupied, compute))
+        self.layout_state(layout).map(|s| (s.occupied, s.compute))
     }
 
     /// A measure of what can still be placed in the free slots: for each profile, the memory

@@ -1,6 +1,8 @@
 //! Feasibility: may a workload run on a node, and with which devices.
 
-use crate::model::{DeviceAssignment, GpuDemand, GpuMode, Node, NodeState, VolumeNeed, Workload, GPU_MILLI};
+use crate::model::{
+    DeviceAssignment, GpuDemand, GpuMode, Node, NodeState, VolumeNeed, Workload, GPU_MILLI, MIG_SLOTS,
+};
 use serde::Serialize;
 
 /// Why a workload does not fit a node. Reasons are data, reported per pod in plans.
@@ -313,12 +315,12 @@ fn mig(node: &Node, profile_name: &str, count: u32) -> Result<Vec<DeviceAssignme
     let mut any_mig = false;
     // Per GPU, the starts of the instances it can give now: free configured ones, then new
     // dynamic ones (placements are built only for the instances taken).
-    let mut per_gpu: Vec<(u8, [u8; 8], usize)> = Vec::new();
+    let mut per_gpu: Vec<(u8, [u8; MIG_SLOTS as usize], usize)> = Vec::new();
     for d in &node.gpus {
         let GpuMode::Mig { instances, dynamic } = &d.mode else {
             continue;
         };
-        let (mut starts, mut offered) = ([0u8; 8], 0usize);
+        let (mut starts, mut offered) = ([0u8; MIG_SLOTS as usize], 0usize);
         for i in instances.iter().filter(|i| !i.used && i.placement.profile == profile_name) {
             if offered < starts.len() {
                 starts[offered] = i.placement.start;
