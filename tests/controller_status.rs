@@ -455,6 +455,61 @@ async fn an_unchanged_not_triggered_event_is_not_published_again_next_loop() {
     assert_all_allowed(&server);
 }
 
+/// A dry run takes no action, so every plan proposes the same scale-ups and scale-downs again:
+/// their events (and the lookups of the objects they regard) are published once, again only when
+/// the group or reason changes, not once per loop for thousands of pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_announces_each_proposed_action_once_not_every_loop() {
+    let server = cluster().await;
+    let status = StatusPublisher::new(server.client(), NS, "gpuscale-0");
+    let groups = vec![group(H100, 1), group(L4, 3)];
+    let writes = |reason: &str| match reason {
+        "TriggeredScaleUp" => events_written(&server, &["train-0", "train-1"]),
+        _ => events_written(&server, &["gpu-1"]),
+    };
+    let lookups = || server.requests().into_iter().filter(|r| r.method == "GET").count();
+    for loops in 1..=3 {
+        // The plan grows loop by loop (more pods, a bigger target): the same actions still.
+        let mut p = plan();
+        p.scale_ups[0].to = 1 + loops;
+        status.begin_loop();
+        status.publish_plan(&p, &groups, true).await;
+    }
+    assert_eq!(writes("TriggeredScaleUp"), 2, "once per pod over three loops");
+    assert_eq!(writes("ScaleDown"), 1, "once per node over three loops");
+    let looked_up = lookups();
+
+    // train-1 would now trigger another group: news; train-0 is unchanged.
+    let mut p = plan();
+    p.scale_ups.push(ScaleUp { group: L4.into(), pods: vec!["ml/train-1".into()], ..p.scale_ups[0].clone() });
+    p.scale_ups[0].pods.truncate(1);
+    status.begin_loop();
+    status.publish_plan(&p, &groups, true).await;
+    assert_eq!(writes("TriggeredScaleUp"), 3, "train-1 told again (the recorder's series count)");
+    assert_eq!(lookups(), looked_up + 1, "only the pod told again is looked up");
+
+    // Gone from the plan and proposed again: news again.
+    status.begin_loop();
+    status.publish_plan(&Plan::default(), &groups, true).await;
+    status.begin_loop();
+    status.publish_plan(&plan(), &groups, true).await;
+    assert_eq!(writes("TriggeredScaleUp"), 5);
+    assert_eq!(writes("ScaleDown"), 2);
+    assert_all_allowed(&server);
+}
+
+/// Event writes (creates and series updates) regarding objects named `names`.
+fn events_written(server: &FakeApiServer, names: &[&str]) -> usize {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r.method.as_str(), "POST" | "PATCH") && r.path.contains("/events"))
+        .filter(|r| {
+            names.iter().any(|n| r.path.contains(&format!("/{n}.")) || r.body.contains(&format!("\"{n}\"")))
+        })
+        .count()
+}
+
 /// The publisher writes only while its replica leads: what a deposed leader still has queued
 /// (events, ConfigMaps) is dropped, not written over its successor's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 //! opened, whichever is first (Karpenter's batch idle/max durations).
 
 use k8s_openapi::jiff::Timestamp;
-use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Where the batch stands.
@@ -28,8 +28,12 @@ pub enum BatchState {
 pub struct Batcher {
     idle: Duration,
     max: Duration,
-    /// Pending pods already seen (in this or an earlier batch).
-    seen: BTreeSet<String>,
+    /// Pending pods already seen (in this or an earlier batch), with the last observation that
+    /// saw them: the loop observes on every watch event, tens of thousands of pods each time,
+    /// so only new pods are copied.
+    seen: HashMap<String, u64>,
+    /// Observations so far.
+    observations: u64,
     /// First and latest arrival of the open batch.
     open: Option<(Timestamp, Timestamp)>,
 }
@@ -37,15 +41,25 @@ pub struct Batcher {
 impl Batcher {
     /// A batcher with the idle and max windows.
     pub fn new(idle: Duration, max: Duration) -> Self {
-        Self { idle, max: max.max(idle), seen: BTreeSet::new(), open: None }
+        Self { idle, max: max.max(idle), seen: HashMap::new(), observations: 0, open: None }
     }
 
     /// Records the pods pending now; returns how many were new. Pods no longer pending are
     /// forgotten, so a pod that becomes pending again (evicted, rescheduled) counts as new.
     pub fn observe<'a>(&mut self, pending: impl IntoIterator<Item = &'a str>, now: Timestamp) -> usize {
-        let current: BTreeSet<String> = pending.into_iter().map(str::to_string).collect();
-        let new = current.difference(&self.seen).count();
-        self.seen = current;
+        self.observations += 1;
+        let now_seen = self.observations;
+        let mut new = 0;
+        for pod in pending {
+            match self.seen.get_mut(pod) {
+                Some(at) => *at = now_seen,
+                None => {
+                    self.seen.insert(pod.to_string(), now_seen);
+                    new += 1;
+                }
+            }
+        }
+        self.seen.retain(|_, at| *at == now_seen);
         if new > 0 {
             self.open = Some(match self.open {
                 Some((first, _)) => (first, now),

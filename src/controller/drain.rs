@@ -226,13 +226,13 @@ pub fn step(
             // deletionTimestamp = deletion request + grace; wait at most the capped grace.
             let requested = d.at - d.grace;
             if now < requested + d.grace.min(cap) {
-                out.terminating.push(pod.id());
+                out.terminating.push(pod.id().to_string());
             }
             continue;
         }
         match protection(pod, config, now) {
-            Some(reason) => out.blocked.push((pod.id(), reason)),
-            None => out.evict.push(pod.id()),
+            Some(reason) => out.blocked.push((pod.id().to_string(), reason)),
+            None => out.evict.push(pod.id().to_string()),
         }
     }
     if !out.blocked.is_empty() && !marks.evicted {

@@ -32,10 +32,11 @@ const RELIST_BATCH: usize = 500;
 /// One pod as the loop reads it.
 #[derive(Debug)]
 pub struct PodRecord {
-    /// `metadata.namespace` (`default` when absent, as the conversion has it).
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
+    /// `namespace/name` (namespace `default` when absent, as the conversion has it): kept, not
+    /// formatted, as every wake of the loop asks it of every pending pod.
+    id: String,
+    /// Where the namespace ends in `id`.
+    slash: usize,
     /// `metadata.uid`, the last key of the loop's order.
     uid: Option<String>,
     /// Waiting for a node: no `spec.nodeName`, not finished, not being deleted.
@@ -61,9 +62,10 @@ impl PodRecord {
         let annotations = meta.annotations.as_ref();
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let unbound = pod.spec.as_ref().is_none_or(|s| s.node_name.as_deref().unwrap_or_default().is_empty());
+        let namespace = meta.namespace.as_deref().unwrap_or("default");
         PodRecord {
-            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
-            name: meta.name.clone().unwrap_or_default(),
+            id: id(namespace, meta.name.as_deref().unwrap_or_default()),
+            slash: namespace.len(),
             uid: meta.uid.clone(),
             waiting: unbound && meta.deletion_timestamp.is_none() && matches!(phase, None | Some("Pending")),
             mirror: annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
@@ -80,8 +82,18 @@ impl PodRecord {
     }
 
     /// `namespace/name`.
-    pub fn id(&self) -> String {
-        id(&self.namespace, &self.name)
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// `metadata.namespace` (`default` when absent).
+    pub fn namespace(&self) -> &str {
+        &self.id[..self.slash]
+    }
+
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        &self.id[self.slash + 1..]
     }
 
     /// The store's key of `pod`: its `namespace/name`, as [`Self::id`] has it.
@@ -92,14 +104,14 @@ impl PodRecord {
 
     /// The order snapshots list pods in, whatever order the store hands them out.
     pub fn identity(&self) -> (&str, &str, Option<&str>) {
-        (&self.namespace, &self.name, self.uid.as_deref())
+        (self.namespace(), self.name(), self.uid.as_deref())
     }
 
     /// What drains need of the pod, given its workload in the snapshot.
     pub fn facts(&self, w: &Workload) -> PodFacts {
         PodFacts {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
+            namespace: self.namespace().to_string(),
+            name: self.name().to_string(),
             node: w.node_name.clone(),
             owner: w.owner.clone(),
             mirror: self.mirror,
@@ -204,7 +216,7 @@ impl Follower {
         match event {
             Event::Apply(pod) => {
                 let record = PodRecord::new(pod, &self.key);
-                write().insert(record.id(), Arc::new(record));
+                write().insert(record.id.clone(), Arc::new(record));
             }
             Event::Delete(pod) => {
                 write().remove(&PodRecord::key_of(&pod));
@@ -240,7 +252,7 @@ async fn convert_all(pods: Vec<Pod>, key: Arc<String>) -> Vec<(String, Arc<PodRe
         pods.into_par_iter()
             .map(|p| {
                 let record = PodRecord::new(p, &key);
-                (record.id(), Arc::new(record))
+                (record.id.clone(), Arc::new(record))
             })
             .collect()
     };
@@ -264,7 +276,7 @@ mod tests {
     }
 
     fn ids(store: &PodStore) -> Vec<String> {
-        let mut ids: Vec<String> = store.state().iter().map(|r| r.id()).collect();
+        let mut ids: Vec<String> = store.state().iter().map(|r| r.id().to_string()).collect();
         ids.sort();
         ids
     }
@@ -285,10 +297,10 @@ mod tests {
         follower.apply(Event::Apply(pod("new", None))).await;
         follower.apply(Event::Delete(pod("p0000", Some("n1")))).await;
         assert_eq!(store.state().len(), RELIST_BATCH + 3);
-        let new = store.state().into_iter().find(|r| r.name == "new").unwrap();
+        let new = store.state().into_iter().find(|r| r.name() == "new").unwrap();
         assert!(new.waiting);
         assert_eq!(new.conversion.pod().unwrap().workload.id, "ml/new");
-        let running = store.state().into_iter().find(|r| r.name == "p0001").unwrap();
+        let running = store.state().into_iter().find(|r| r.name() == "p0001").unwrap();
         assert!(!running.waiting);
         let facts = running.facts(&running.conversion.pod().unwrap().workload);
         assert_eq!(facts.node.as_deref(), Some("n1"));

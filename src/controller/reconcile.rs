@@ -623,8 +623,7 @@ impl Controller {
             }
             last_tick = tick;
             let now = Timestamp::now();
-            let pending = snapshot::pending_pod_ids(&stores.pods.state());
-            state.batcher.observe(pending.iter().map(String::as_str), now);
+            state.batcher.observe(snapshot::pending_pod_ids(&stores.pods.state()), now);
             batch_close = None;
             let run_pass = match state.batcher.state(now) {
                 BatchState::Open { closes_at } => {

@@ -35,8 +35,8 @@ pub struct ClusterView {
 }
 
 /// Pods waiting for a node: no `spec.nodeName`, not finished, not being deleted.
-pub fn pending_pod_ids(pods: &[impl AsRef<PodRecord>]) -> Vec<String> {
-    pods.iter().map(AsRef::as_ref).filter(|p| p.waiting).map(PodRecord::id).collect()
+pub fn pending_pod_ids(pods: &[impl AsRef<PodRecord>]) -> impl Iterator<Item = &str> {
+    pods.iter().map(AsRef::as_ref).filter(|p| p.waiting).map(PodRecord::id)
 }
 
 fn to_value<T: serde::Serialize>(kind: &str, api_version: &str, obj: &T) -> Value {
@@ -175,8 +175,7 @@ pub fn build(
         view.snapshot.workloads.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
     let mut protected = Vec::new();
     for p in &pods {
-        let id = p.id();
-        let Some(&wi) = workloads.get(id.as_str()) else { continue };
+        let Some(&wi) = workloads.get(p.id()) else { continue };
         let facts = p.facts(&view.snapshot.workloads[wi]);
         if facts.node.is_some() && facts.eviction_blocked.is_none() && facts.is_training() {
             if let Some(reason) = drain::protection(&facts, config, now) {
@@ -288,7 +287,7 @@ mod tests {
         assert!(n2.unschedulable && n2.taints.len() == 1);
         assert_eq!(view.drains.keys().collect::<Vec<_>>(), vec!["n1", "n2"]);
         assert!(view.drains["n2"].evicted && !view.drains["n1"].evicted);
-        assert_eq!(pending_pod_ids(&pods), vec!["ml/a"]);
+        assert_eq!(pending_pod_ids(&pods).collect::<Vec<_>>(), vec!["ml/a"]);
         // The running GPU Job pod has run 20s: protected as a training pod, for planner and drain.
         let b = view.snapshot.workloads.iter().find(|w| w.id == "ml/b").unwrap();
         assert!(b.eviction_blocked.as_deref().unwrap().contains("minimum runtime"), "{b:?}");

@@ -6,10 +6,11 @@
 //! pods, `ScaleDown` on drained nodes, evicted pods and nodes being replaced (action `Replace`),
 //! `ScaleUpFailed`/`ScaleDownFailed` warnings. The same (object, reason) is published once per
 //! loop ([`StatusPublisher::begin_loop`]); across loops the recorder turns repeats into an event
-//! series. `NotTriggerScaleUp`, which every plan repeats for every pod it cannot help (thousands
-//! on a large cluster), is published again only when its message changes or
-//! [`NOT_TRIGGERED_REPEAT`] has passed, as client-go's event spam filter lets an object's events
-//! through.
+//! series. What every plan repeats — `NotTriggerScaleUp` for every pod it cannot help, and in
+//! dry runs the `TriggeredScaleUp` and `ScaleDown` events of actions never taken (thousands on a
+//! large cluster, each with a lookup of the object) — is published again only when its gist (the
+//! reason, the group) changes or [`REPEATED_EVENT_INTERVAL`] has passed, as client-go's event spam
+//! filter lets an object's events through.
 //!
 //! The loop hands plans over without waiting ([`StatusHandle`]); a plan not yet published when
 //! the next arrives is replaced by it, so a slow API server delays the status but never piles up
@@ -136,14 +137,15 @@ struct Memory {
     group_ids: Vec<String>,
     published: HashSet<(String, String, String, String)>,
     uids: HashMap<(String, String, String), Option<String>>,
-    /// `NotTriggerScaleUp` published per pod: its message and when, while the pod stays
-    /// unschedulable.
-    not_triggered: HashMap<String, (String, Instant)>,
+    /// Events every plan repeats, by kind (`NotTriggerScaleUp`, dry-run `TriggeredScaleUp`,
+    /// `ScaleDown`, `Replace`): per object, the gist published and when, while the plan keeps
+    /// repeating it.
+    repeated: HashMap<&'static str, HashMap<String, (String, Instant)>>,
 }
 
-/// How long a pod's unchanged `NotTriggerScaleUp` is not published again (client-go's event
-/// spam filter lets one event per object through every 5 minutes once its burst is spent).
-pub const NOT_TRIGGERED_REPEAT: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long an event a plan repeats unchanged is not published again (client-go's event spam
+/// filter lets one event per object through every 5 minutes once its burst is spent).
+pub const REPEATED_EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Each group's nodes by state (Ready, Initializing, Upcoming, Deleting), for the status
 /// ConfigMaps.
@@ -436,22 +438,29 @@ impl StatusPublisher {
         in_mode(&group_configmap_name(group, mem.group_ids.iter().map(String::as_str)), self.is_dry_run())
     }
 
-    /// The unschedulable pods of `plan` whose `NotTriggerScaleUp` is due: never published, its
-    /// message changed, or published [`NOT_TRIGGERED_REPEAT`] ago. Pods no longer unschedulable
-    /// are forgotten, so the memory follows the plan's size.
-    fn not_triggered_due<'p>(&self, plan: &'p Plan, now: Instant) -> HashSet<&'p str> {
+    /// The objects of `current` (object, gist), which every plan repeats as events of `kind`,
+    /// whose event is due: never published, its gist changed, or published
+    /// [`REPEATED_EVENT_INTERVAL`] ago. Objects the plan no longer names are forgotten, so the
+    /// memory follows the plan's size and an object named again is news again.
+    fn due<'p>(
+        &self,
+        kind: &'static str,
+        current: impl IntoIterator<Item = (&'p str, &'p str)>,
+        now: Instant,
+    ) -> HashSet<&'p str> {
         let mut mem = self.memory();
-        let current: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
-        mem.not_triggered.retain(|pod, _| current.contains(pod.as_str()));
+        let told = mem.repeated.entry(kind).or_default();
+        let current: HashMap<&str, &str> = current.into_iter().collect();
+        told.retain(|object, _| current.contains_key(object.as_str()));
         let mut due = HashSet::new();
-        for u in &plan.unschedulable {
-            let fresh = match mem.not_triggered.get(&u.pod) {
-                Some((reason, at)) => *reason != u.reason || now.duration_since(*at) >= NOT_TRIGGERED_REPEAT,
+        for (&object, &gist) in &current {
+            let fresh = match told.get(object) {
+                Some((said, at)) => said != gist || now.duration_since(*at) >= REPEATED_EVENT_INTERVAL,
                 None => true,
             };
             if fresh {
-                mem.not_triggered.insert(u.pod.clone(), (u.reason.clone(), now));
-                due.insert(u.pod.as_str());
+                told.insert(object.to_string(), (gist.to_string(), now));
+                due.insert(object);
             }
         }
         due
@@ -479,20 +488,32 @@ impl StatusPublisher {
         self.dry_run.store(dry_run, Ordering::Release);
         self.memory().group_ids = groups.iter().map(|g| g.id.clone()).collect();
 
-        let due = self.not_triggered_due(plan, Instant::now());
+        let now = Instant::now();
+        let unschedulable = plan.unschedulable.iter().map(|u| (u.pod.as_str(), u.reason.as_str()));
+        let due = self.due(reason::NOT_TRIGGER_SCALE_UP, unschedulable, now);
         for u in plan.unschedulable.iter().filter(|u| due.contains(u.pod.as_str())) {
             let note = format!("pod didn't trigger scale-up: {}", u.reason);
             self.pod_event(&u.pod, EventType::Normal, reason::NOT_TRIGGER_SCALE_UP, "ScaleUp", note).await;
         }
         if dry_run {
+            // Nothing is done in a dry run, so every plan proposes the same actions again.
+            let triggering =
+                plan.scale_ups.iter().flat_map(|a| a.pods.iter().map(|p| (p.as_str(), a.group.as_str())));
+            let due_pods = self.due(reason::TRIGGERED_SCALE_UP, triggering, now);
             for a in &plan.scale_ups {
-                self.announce_scale_up(&a.group, a.from, a.to, &a.pods).await;
+                let pods: Vec<String> =
+                    a.pods.iter().filter(|p| due_pods.contains(p.as_str())).cloned().collect();
+                self.announce_scale_up(&a.group, a.from, a.to, &pods).await;
             }
-            for a in &plan.scale_downs {
+            let removing = plan.scale_downs.iter().map(|a| (a.node.as_str(), a.reason.as_str()));
+            let due_nodes = self.due("ScaleDown", removing, now);
+            for a in plan.scale_downs.iter().filter(|a| due_nodes.contains(a.node.as_str())) {
                 let note = format!("would remove node from group {} (dry run): {}", a.group, a.reason);
                 self.node_event(&a.node, EventType::Normal, reason::SCALE_DOWN, "ScaleDown", note).await;
             }
-            for a in &plan.replacements {
+            let replacing = plan.replacements.iter().map(|a| (a.node.as_str(), a.replacement_group.as_str()));
+            let due_nodes = self.due("Replace", replacing, now);
+            for a in plan.replacements.iter().filter(|a| due_nodes.contains(a.node.as_str())) {
                 let note = format!(
                     "would replace node of group {} by one node of {} (dry run), saving {}",
                     a.group,

@@ -122,8 +122,10 @@ pub fn convert(objects: &[SourcedObject]) -> Result<LoadedSnapshot, SnapshotErro
 fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnapshot, SnapshotError> {
     use decode::Decoded;
     let mut warnings = Vec::new();
+    // Sized up front: tens of thousands of pods, grown by doubling, were copied again and again.
+    let pod_count = objects.iter().filter(|(_, d)| matches!(d, decode::Decoded::Pod(_))).count();
     let mut nodes = Vec::new();
-    let mut pods = Vec::new();
+    let mut pods = Vec::with_capacity(pod_count);
     let mut pdbs = Vec::new();
     let mut storage = volume::Storage::default();
     let mut dra = dra::Dra::default();
@@ -155,7 +157,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
     }
 
     let mut snapshot = ClusterSnapshot::default();
-    let mut extras: Vec<ConvertedNode> = Vec::new();
+    let mut extras: Vec<ConvertedNode> = Vec::with_capacity(nodes.len());
     let mut by_name: HashMap<String, usize> = HashMap::new();
     for (origin, converted) in nodes {
         let (c, mut said) = converted?;
@@ -171,7 +173,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
     dra.supply(&mut extras, &mut warnings)?;
 
     let mut seen = std::collections::HashSet::new();
-    let mut converted = Vec::new();
+    let mut converted = Vec::with_capacity(pods.len());
     storage.note_users(pods.iter().filter_map(|(_, p)| p.with_claims.as_deref()));
     let mut unchecked_claims = 0;
     for (origin, entry) in pods {
@@ -215,6 +217,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
     // The allocation below is a scratch copy that lets each pod's device choice see the pods
     // before it.
     let fresh_nodes: Vec<Node> = extras.iter().map(|c| c.node.clone()).collect();
+    snapshot.workloads.reserve_exact(converted.len());
     for mut p in converted {
         let bound = p.workload.node_name.as_ref().and_then(|n| by_name.get(n).copied());
         resolve_memory_percentage(&mut p, bound.map(|i| &extras[i].node), &mut warnings);

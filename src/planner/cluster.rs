@@ -274,7 +274,7 @@ pub fn build<'p>(
             info.push(NodeInfo { group: Some(gi), origin: Origin::Upcoming, pods: Vec::new() });
         }
     }
-    let by_name: HashMap<&str, usize> =
+    let by_name: rustc_hash::FxHashMap<&str, usize> =
         snapshot.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut placer = Placer::new(nodes, policy, seed).with_adaptive_sampling();
     for (wi, w) in snapshot.workloads.iter().enumerate() {

@@ -263,17 +263,17 @@ fn plan_with(
     let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
     let taints = cluster::TaintRules::of(settings);
     let groups = cluster::learn_templates(&input.groups, snapshot, taints);
-    let mut scale_nodes: Vec<_> = snapshot.nodes.clone();
-    scale_nodes.extend(groups.iter().map(|g| g.template.clone()));
-    let policy = settings.policy.build(&ClusterScale::of(&scale_nodes), &target);
+    // The nodes there are and one of each group's: what the scale of scores is taken from.
+    let scale_nodes = || snapshot.nodes.iter().chain(groups.iter().map(|g| &g.template));
+    let policy = settings.policy.build(&ClusterScale::of(scale_nodes()), &target);
     let (mut placer, mut info) =
         cluster::build(snapshot, &groups, policy.as_ref(), settings.seed, taints, &mut out.warnings);
     out.cost_before = groups.iter().map(|g| u64::from(g.target_size) * g.price).sum();
 
     // 0. Tenancy: fair-share order, quota and workload-class admission.
     let mut gate = settings.tenancy.as_ref().map(|c| tenancy::Gate::new(c, snapshot, &groups, settings.now));
-    let capacity = scale_nodes.iter().fold(Resources::default(), |acc, n| acc.saturating_add(&n.allocatable));
-    let gpu_capacity: u64 = scale_nodes.iter().map(Node::gpu_milli_capacity).sum();
+    let capacity = scale_nodes().fold(Resources::default(), |acc, n| acc.saturating_add(&n.allocatable));
+    let gpu_capacity: u64 = scale_nodes().map(Node::gpu_milli_capacity).sum();
     // Pods of a scheduler the planner does not model, and pods whose volumes no node can
     // serve: reported, never placed or scaled for.
     let ours = |w: &Workload| {

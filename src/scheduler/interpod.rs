@@ -6,6 +6,7 @@
 
 use super::fit::Unfit;
 use crate::model::{LabelSelector, Node, NodeId, PodIdentity, SpreadConstraint, Workload};
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 type Pair<'a> = (&'a str, &'a str);
@@ -17,7 +18,7 @@ type Pair<'a> = (&'a str, &'a str);
 struct LabelIndex {
     /// Label key, then value, then the nodes running such pods with their count. Nested, so a
     /// lookup by `&str` allocates nothing and an update allocates only for a new key or value.
-    by_label: HashMap<String, HashMap<String, BTreeMap<NodeId, u32>>>,
+    by_label: FxHashMap<String, FxHashMap<String, BTreeMap<NodeId, u32>>>,
 }
 
 impl LabelIndex {
@@ -37,7 +38,7 @@ impl LabelIndex {
 
     fn add_pair(&mut self, node: NodeId, k: &str, v: &str) {
         if !self.by_label.contains_key(k) {
-            self.by_label.insert(k.to_string(), HashMap::new());
+            self.by_label.insert(k.to_string(), FxHashMap::default());
         }
         let values = self.by_label.get_mut(k).expect("inserted above");
         if !values.contains_key(v) {

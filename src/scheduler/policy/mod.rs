@@ -138,10 +138,10 @@ pub struct ClusterScale {
 
 impl ClusterScale {
     /// Scale of a set of nodes.
-    pub fn of(nodes: &[Node]) -> Self {
-        let max_cpu = nodes.iter().map(|n| n.allocatable.cpu_milli).max().unwrap_or(1).max(1);
-        let max_gpu =
-            nodes.iter().map(|n| n.gpu_milli_capacity()).max().unwrap_or(0).max(u64::from(GPU_MILLI));
+    pub fn of<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Self {
+        let (max_cpu, max_gpu) = nodes.into_iter().fold((1, u64::from(GPU_MILLI)), |(cpu, gpu), n| {
+            (cpu.max(n.allocatable.cpu_milli), gpu.max(n.gpu_milli_capacity()))
+        });
         Self { max_cpu_milli: max_cpu as f64, max_gpu_milli: max_gpu as f64 }
     }
 }
