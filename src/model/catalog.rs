@@ -146,9 +146,10 @@ impl GpuCatalog {
 pub fn vgpu_profile(name: &str) -> Option<u64> {
     let name = name.trim();
     let last = name.rsplit(['-', ' ']).next()?;
-    let (digits, series) = last.split_at(last.len().saturating_sub(1));
+    // Labels are user text: split and compare on character boundaries, never mid-character.
+    let (digits, series) = last.split_at(last.char_indices().last().map_or(0, |(i, _)| i));
     let fb = digits.parse::<u64>().ok().filter(|_| matches!(series, "A" | "B" | "C" | "Q"));
-    let grid = name.len() >= 4 && name[..4].eq_ignore_ascii_case("GRID");
+    let grid = name.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GRID"));
     match (fb, grid) {
         (Some(gib), _) => Some(gib),
         (None, true) => Some(0),
@@ -159,6 +160,25 @@ pub fn vgpu_profile(name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_with_characters_of_several_bytes_are_judged_not_split() {
+        // Found by tests/fuzz_snapshot.rs: slicing by bytes panicked inside '۶' (2 bytes).
+        for (name, fb) in [
+            ("GR۶D-T4-16Q", Some(16)),
+            ("GR۶D", None),
+            ("A100-40۶", None),
+            ("۶", None),
+            ("T4-16Q۶", None),
+            ("ü", None),
+        ] {
+            assert_eq!(vgpu_profile(name), fb, "{name}");
+        }
+        // Still a physical A100 by its model's name, as the label's other characters allow.
+        assert_eq!(vgpu_profile("NVI۶DIA-A100-SXM4-40GB"), None);
+        assert_eq!(GpuCatalog.resolve("NVI۶DIA-A100-SXM4-40GB").map(|m| m.name), Some("A100-40GB"));
+        assert_eq!(vgpu_profile("GRID۶-A100-4C"), Some(4), "a profile whatever precedes it");
+    }
 
     #[test]
     fn vgpu_profiles_are_not_physical_gpus() {
