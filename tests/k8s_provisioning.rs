@@ -187,7 +187,10 @@ async fn an_expired_booking_releases_its_capacity_to_scale_down() {
             "{node} drained while booked: {:?}",
             conditions(&c, "eval-prov-1").await
         );
-        expired && c.live_instances("gpu-h100").is_empty()
+        // The instance goes first, the Node object and its record after: wait for both.
+        expired
+            && c.live_instances("gpu-h100").is_empty()
+            && !a.recorder.with_prefix("node_deleted").is_empty()
     })
     .await;
     assert!(provisioned.elapsed() >= Duration::from_secs(4), "released after {:?}", provisioned.elapsed());
