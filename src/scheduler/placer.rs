@@ -78,6 +78,13 @@ pub struct Placer<'p> {
     shapes: rustc_hash::FxHashMap<ShapeKey, usize>,
     /// `scores[shape][node]`.
     scores: Vec<Vec<Cached>>,
+    /// `open[shape]`: the nodes not known to refuse the shape (no cached `Unfit`, no failed
+    /// class check), which a scan walks instead of every node: in a full cluster most nodes
+    /// refuse most shapes, and a pod's scan would otherwise step over all of them to find its
+    /// sample of feasible nodes.
+    open: Vec<NodeSet>,
+    /// Whether scans walk the open nodes only (off in tests, to compare with the full walk).
+    skip_refusing: bool,
     /// Position of each node in a seeded random order, for [`TieBreak::NodeOrder`].
     rank: Vec<u32>,
     rng: ChaCha8Rng,
@@ -207,6 +214,8 @@ impl<'p> Placer<'p> {
             policy,
             shapes: Default::default(),
             scores: Vec::new(),
+            open: Vec::new(),
+            skip_refusing: true,
             rank,
             rng,
             feasible_limit: None,
@@ -275,6 +284,7 @@ impl<'p> Placer<'p> {
             return None;
         }
         self.scores.push(vec![Cached::Unknown; self.nodes.len()]);
+        self.open.push(NodeSet::full(self.nodes.len()));
         self.static_fit.push(vec![None; self.class_reps.len()]);
         self.shapes.insert(key, self.scores.len() - 1);
         Some(self.scores.len() - 1)
@@ -285,6 +295,9 @@ impl<'p> Placer<'p> {
         self.no_room.clear();
         for column in &mut self.scores {
             column.push(Cached::Unknown);
+        }
+        for open in &mut self.open {
+            open.push(true);
         }
         self.rank.push(self.rank.len() as u32);
         self.push_node(node)
@@ -361,6 +374,25 @@ impl<'p> Placer<'p> {
         first: NodeId,
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
+        match self.walk(workload, first, allowed, self.skip_refusing) {
+            // Why no node fits is counted over every node, those the cache skipped too: walked
+            // again without skipping (the verdicts are all cached by now, and a failed walk draws
+            // no random numbers and moves no sampling start, so the second changes nothing).
+            Err(_) => self.walk(workload, first, allowed, false),
+            found => found,
+        }
+    }
+
+    /// [`Placer::scan`]'s walk; with `skip`, over the nodes not known to refuse the shape only,
+    /// which chooses the same node (skipped nodes are never feasible, and the sampling start
+    /// moves as a walk over all nodes would move it) but counts no reasons for the skipped.
+    fn walk(
+        &mut self,
+        workload: &Workload,
+        first: NodeId,
+        allowed: &dyn Fn(NodeId) -> bool,
+        skip: bool,
+    ) -> Result<Placement, Unfit> {
         // A claim allocated on a node (by the snapshot or an earlier placement) pins the pod
         // there; claims pinned to two nodes pin it nowhere.
         let mut pinned = workload.dra_claims.iter().filter_map(|c| self.claim_nodes.get(&c.key).copied());
@@ -370,6 +402,8 @@ impl<'p> Placer<'p> {
         }
         let shape = self.shape_index(workload);
         let by_class = !names_a_host(workload) && pin.is_none();
+        // A pinned pod walks every node: its pin's node may take it where its class cannot.
+        let skipping = shape.filter(|_| skip && pin.is_none());
         // Pod affinity and spread depend on the whole cluster, not on the node and shape: judged
         // afresh for each workload, never cached.
         let interpod = super::interpod::judge(&self.nodes, None, workload, &self.index);
@@ -379,90 +413,112 @@ impl<'p> Placer<'p> {
         let mut reasons = [0usize; Unfit::ALL.len()];
         let n = self.nodes.len();
         let start = if self.feasible_limit.is_some() && n > 0 { self.next_start % n } else { 0 };
-        let (head, tail) = if first > 0 { (first..n, 0..0) } else { (start..n, 0..start) };
+        let segments = if first > 0 { [first..n, 0..0] } else { [start..n, 0..start] };
         let mut feasible = 0usize;
         // Pods per `ScheduleAnyway` domain, counted when a tie needs them.
         let mut domains: HashMap<(usize, String), u32> = HashMap::new();
-        for id in head.chain(tail) {
-            if self.feasible_limit.is_some_and(|limit| feasible >= limit) {
-                self.next_start = id;
-                break;
-            }
-            if !allowed(id) {
-                continue;
-            }
-            if pin.is_some_and(|p| p != id) {
-                reasons[Unfit::ClaimElsewhere as usize] += 1;
-                continue;
-            }
-            if let Some(s) = shape.filter(|_| by_class) {
-                let key = (s, self.class_of[id]);
-                if !statically_fits(&mut self.static_fit, &self.nodes, &self.class_reps, key, workload) {
-                    reasons[Unfit::NodeMismatch as usize] += 1;
+        'walk: for (segment, range) in segments.iter().enumerate() {
+            let mut from = range.start;
+            loop {
+                let next = match skipping {
+                    Some(s) => self.open[s].next(from, range.end),
+                    None => (from < range.end).then_some(from),
+                };
+                let Some(id) = next else { break };
+                from = id + 1;
+                if !allowed(id) {
                     continue;
                 }
-            }
-            let verdict = match shape.map(|s| self.scores[s][id]) {
-                Some(Cached::Unknown) | None => {
-                    let v = match self.policy.evaluate(&self.nodes[id], workload) {
-                        Ok((score, _)) => Cached::Score(score),
-                        Err(u) => Cached::Unfit(u),
-                    };
-                    if let Some(s) = shape {
-                        self.scores[s][id] = v;
+                if pin.is_some_and(|p| p != id) {
+                    reasons[Unfit::ClaimElsewhere as usize] += 1;
+                    continue;
+                }
+                if let Some(s) = shape.filter(|_| by_class) {
+                    let key = (s, self.class_of[id]);
+                    if !statically_fits(&mut self.static_fit, &self.nodes, &self.class_reps, key, workload) {
+                        self.open[s].remove(id);
+                        reasons[Unfit::NodeMismatch as usize] += 1;
+                        continue;
                     }
-                    v
                 }
-                Some(v) => v,
-            };
-            // The cluster-wide filters, judged only for nodes the per-node ones admit.
-            let verdict = match (verdict, &interpod) {
-                (Cached::Score(_), Some(j)) => match j.on(id, &self.nodes[id]) {
-                    Ok(()) => verdict,
-                    Err(u) => Cached::Unfit(u),
-                },
-                _ => verdict,
-            };
-            if matches!(verdict, Cached::Score(_)) {
-                feasible += 1;
-            }
-            match verdict {
-                Cached::Score(score) if score > best => {
-                    best = score;
-                    chosen = Some(id);
-                    ties = 1;
-                }
-                Cached::Score(score) if score == best => {
-                    let prefer = chosen.map_or(Ordering::Equal, |c| {
-                        self.preference(workload, id, &mut domains).cmp(&self.preference(
-                            workload,
-                            c,
-                            &mut domains,
-                        ))
-                    });
-                    match prefer {
-                        Ordering::Greater => {
-                            chosen = Some(id);
-                            ties = 1;
+                let verdict = match shape.map(|s| self.scores[s][id]) {
+                    Some(Cached::Unknown) | None => {
+                        let v = match self.policy.evaluate(&self.nodes[id], workload) {
+                            Ok((score, _)) => Cached::Score(score),
+                            Err(u) => Cached::Unfit(u),
+                        };
+                        if let Some(s) = shape {
+                            self.scores[s][id] = v;
                         }
-                        Ordering::Less => {}
-                        Ordering::Equal => match self.policy.tie_break() {
-                            TieBreak::Uniform => {
-                                ties += 1;
-                                if self.rng.random_range(0..ties) == 0 {
-                                    chosen = Some(id);
-                                }
-                            }
-                            TieBreak::NodeOrder => {
-                                if chosen.is_some_and(|c| self.rank[id] < self.rank[c]) {
-                                    chosen = Some(id);
-                                }
-                            }
-                        },
+                        v
                     }
+                    Some(v) => v,
+                };
+                if let (Cached::Unfit(_), Some(s)) = (verdict, shape) {
+                    self.open[s].remove(id);
                 }
-                Cached::Unfit(u) => reasons[u as usize] += 1,
-                _ => {}
+                // The cluster-wide filters, judged only for nodes the per-node ones admit.
+                let verdict = match (verdict, &interpod) {
+                    (Cached::Score(_), Some(j)) => match j.on(id, &self.nodes[id]) {
+                        Ok(()) => verdict,
+                        Err(u) => Cached::Unfit(u),
+                    },
+                    _ => verdict,
+                };
+                if matches!(verdict, Cached::Score(_)) {
+                    feasible += 1;
+                }
+                match verdict {
+                    Cached::Score(score) if score > best => {
+                        best = score;
+                        chosen = Some(id);
+                        ties = 1;
+                    }
+                    Cached::Score(score) if score == best => {
+                        let prefer = chosen.map_or(Ordering::Equal, |c| {
+                            self.preference(workload, id, &mut domains).cmp(&self.preference(
+                                workload,
+                                c,
+                                &mut domains,
+                            ))
+                        });
+                        match prefer {
+                            Ordering::Greater => {
+                                chosen = Some(id);
+                                ties = 1;
+                            }
+                            Ordering::Less => {}
+                            Ordering::Equal => match self.policy.tie_break() {
+                                TieBreak::Uniform => {
+                                    ties += 1;
+                                    if self.rng.random_range(0..ties) == 0 {
+                                        chosen = Some(id);
+                                    }
+                                }
+                                TieBreak::NodeOrder => {
+                                    if chosen.is_some_and(|c| self.rank[id] < self.rank[c]) {
+                                        chosen = Some(id);
+                                    }
+                                }
+                            },
+                        }
+                    }
+                    Cached::Unfit(u) => reasons[u as usize] += 1,
+                    _ => {}
+                }
+                // Sampling stops after the limit's feasible nodes; the next walk starts at the
+                // node after this one.
+                if self.feasible_limit.is_some_and(|limit| feasible >= limit) {
+                    let after = if id + 1 < range.end {
+                        Some(id + 1)
+                    } else {
+                        segments[segment + 1..].iter().find(|r| !r.is_empty()).map(|r| r.start)
+                    };
+                    if let Some(after) = after {
+                        self.next_start = after;
+                    }
+                    break 'walk;
+                }
             }
         }
         let Some(node) = chosen else {
@@ -610,6 +666,67 @@ impl<'p> Placer<'p> {
         for column in &mut self.scores {
             column[node] = Cached::Unknown;
         }
+        for open in &mut self.open {
+            open.insert(node);
+        }
+    }
+}
+
+/// A set of node ids, walked in order from any point.
+#[derive(Debug, Clone)]
+struct NodeSet {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl NodeSet {
+    fn full(len: usize) -> Self {
+        let mut words = vec![u64::MAX; len.div_ceil(64)];
+        if len % 64 != 0 {
+            if let Some(last) = words.last_mut() {
+                *last = (1u64 << (len % 64)) - 1;
+            }
+        }
+        Self { words, len }
+    }
+
+    fn push(&mut self, member: bool) {
+        if self.len % 64 == 0 {
+            self.words.push(0);
+        }
+        self.len += 1;
+        if member {
+            self.insert(self.len - 1);
+        }
+    }
+
+    fn insert(&mut self, id: usize) {
+        self.words[id / 64] |= 1 << (id % 64);
+    }
+
+    fn remove(&mut self, id: usize) {
+        self.words[id / 64] &= !(1 << (id % 64));
+    }
+
+    /// The first member in `from..end`.
+    fn next(&self, from: usize, end: usize) -> Option<usize> {
+        let end = end.min(self.len);
+        if from >= end {
+            return None;
+        }
+        let mut word = from / 64;
+        let mut bits = self.words[word] & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                let id = word * 64 + bits.trailing_zeros() as usize;
+                return (id < end).then_some(id);
+            }
+            word += 1;
+            if word * 64 >= end {
+                return None;
+            }
+            bits = self.words[word];
+        }
     }
 }
 
@@ -656,6 +773,75 @@ mod tests {
 
     fn policy(nodes: &[Node]) -> Box<dyn Policy> {
         PolicyKind::BestFit.build(&ClusterScale::of(nodes), &TargetWorkload::from_workloads(&[], 0.95))
+    }
+
+    impl Placer<'_> {
+        fn walking_every_node(mut self) -> Self {
+            self.skip_refusing = false;
+            self
+        }
+    }
+
+    #[test]
+    fn a_node_set_walks_its_members_in_order_from_any_point() {
+        let mut set = NodeSet::full(130);
+        assert_eq!(set.next(0, 130), Some(0));
+        assert_eq!(set.next(129, 130), Some(129));
+        assert_eq!(set.next(130, 130), None);
+        for id in (0..130).filter(|id| id % 7 != 3) {
+            set.remove(id);
+        }
+        let members: Vec<usize> =
+            std::iter::successors(set.next(0, 130), |&id| set.next(id + 1, 130)).collect();
+        assert_eq!(members, (0..130).filter(|id| id % 7 == 3).collect::<Vec<_>>());
+        assert_eq!(set.next(4, 10), None, "10 is past the end of the range");
+        assert_eq!(set.next(60, 70), Some(66));
+        set.push(false);
+        set.push(true);
+        assert_eq!(set.next(130, 200), Some(131), "a range past the set ends at the set");
+        set.insert(64);
+        assert_eq!(set.next(60, 70), Some(64));
+    }
+
+    /// Skipping the nodes the cache says refuse a shape chooses what walking every node chooses,
+    /// pod after pod, sampling start and ties included (and gives the same reason on failure).
+    #[test]
+    fn walking_only_the_open_nodes_places_as_walking_all_of_them() {
+        for seed in 1..4 {
+            let (mut snapshot, _) = crate::sim::synthetic::cluster(300, 2400, 1200, seed);
+            crate::sim::synthetic::with_interpod(&mut snapshot, 0.1, seed);
+            let policy = PolicyKind::Gpuscale.build(
+                &ClusterScale::of(&snapshot.nodes),
+                &TargetWorkload::from_workloads(&snapshot.workloads, 0.95),
+            );
+            let nodes = snapshot.nodes.clone();
+            let mut skipping = Placer::new(nodes.clone(), policy.as_ref(), seed).with_adaptive_sampling();
+            let mut walking =
+                Placer::new(nodes, policy.as_ref(), seed).with_adaptive_sampling().walking_every_node();
+            assert!(skipping.feasible_limit.is_some(), "the cluster is sampled");
+            let (mut placed, mut refused) = (Vec::new(), Vec::new());
+            for w in &snapshot.workloads {
+                let got = skipping.place(w);
+                assert_eq!(got, walking.place(w), "seed {seed}, {}", w.id);
+                match got {
+                    Ok(p) => placed.push((w, p)),
+                    Err(_) => refused.push(w),
+                }
+            }
+            assert!(placed.len() > 1000 && refused.len() > 100, "seed {seed}: {} placed", placed.len());
+            // Room freed on some nodes opens them again to the shapes they refused.
+            for (w, p) in placed.iter().step_by(3) {
+                skipping.release(w, p);
+                walking.release(w, p);
+            }
+            let mut again = 0;
+            for w in refused {
+                let got = skipping.place(w);
+                assert_eq!(got, walking.place(w), "seed {seed}, {} after releases", w.id);
+                again += usize::from(got.is_ok());
+            }
+            assert!(again > 50, "seed {seed}: {again} refused pods placed after the releases");
+        }
     }
 
     #[test]
