@@ -682,7 +682,7 @@ struct NodeSet {
 impl NodeSet {
     fn full(len: usize) -> Self {
         let mut words = vec![u64::MAX; len.div_ceil(64)];
-        if len % 64 != 0 {
+        if !len.is_multiple_of(64) {
             if let Some(last) = words.last_mut() {
                 *last = (1u64 << (len % 64)) - 1;
             }
@@ -691,7 +691,7 @@ impl NodeSet {
     }
 
     fn push(&mut self, member: bool) {
-        if self.len % 64 == 0 {
+        if self.len.is_multiple_of(64) {
             self.words.push(0);
         }
         self.len += 1;
