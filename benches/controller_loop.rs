@@ -14,13 +14,16 @@
 
 #[path = "../tests/support/controlplane.rs"]
 mod controlplane;
+#[path = "support/generated.rs"]
+mod generated;
 
 use controlplane::{ControlPlane, Options};
 use futures::StreamExt;
+use generated::generated;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -33,20 +36,6 @@ const NEW_PER_LOOP: usize = 100;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn generated(nodes: usize) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-loop-{nodes}"));
-    if !dir.join("cluster.json").exists() {
-        let status = Command::new(BIN)
-            .args(["generate", "--nodes", &nodes.to_string(), "--running", &(nodes * 9).to_string()])
-            .args(["--pending", &nodes.to_string(), "--out"])
-            .arg(&dir)
-            .status()
-            .expect("run gpuscale generate");
-        assert!(status.success(), "gpuscale generate failed");
-    }
-    dir
 }
 
 /// The object as a client creates it: without what the server assigns.
@@ -184,7 +173,7 @@ fn main() {
     }
     let nodes = env_or("GPUSCALE_LOOP_NODES", 5000);
     let loops = env_or("GPUSCALE_LOOPS", 30);
-    let dir = generated(nodes);
+    let dir = generated("controller-loop", nodes, nodes * 9, nodes);
     let list: Value = serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
     let items = list["items"].as_array().unwrap();
     let (node_items, pod_items): (Vec<&Value>, Vec<&Value>) = items.iter().partition(|i| i["kind"] == "Node");

@@ -8,7 +8,11 @@
 //!   cargo bench --bench controller_snapshot
 //!   GPUSCALE_LOOP_NODES=500 cargo bench --bench controller_snapshot
 
+#[path = "support/generated.rs"]
+mod generated;
+
 use criterion::{criterion_group, criterion_main, Criterion};
+use generated::generated;
 use gpuscale::controller::config::ControllerConfig;
 use gpuscale::controller::pod_store::PodRecord;
 use gpuscale::controller::snapshot;
@@ -16,8 +20,6 @@ use gpuscale::k8s::ConversionCache;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,40 +27,25 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpuscale");
-
-/// The controller bench's cluster (same directory, so either bench generates it once).
-fn generated(nodes: usize) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-loop-{nodes}"));
-    if !dir.join("cluster.json").exists() {
-        let status = Command::new(BIN)
-            .args(["generate", "--nodes", &nodes.to_string(), "--running", &(nodes * 9).to_string()])
-            .args(["--pending", &nodes.to_string(), "--out"])
-            .arg(&dir)
-            .status()
-            .expect("run gpuscale generate");
-        assert!(status.success(), "gpuscale generate failed");
-    }
-    dir
-}
-
 fn bench(c: &mut Criterion) {
     let nodes = std::env::var("GPUSCALE_LOOP_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
-    let file = generated(nodes).join("cluster.json");
-    let list: Value = serde_json::from_slice(&std::fs::read(&file).expect("read the cluster")).expect("JSON");
+    // The controller bench's cluster: either bench generates it once.
+    let file = generated("controller-loop", nodes, nodes * 9, nodes).join("cluster.json");
+    let mut list: Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("read the cluster")).expect("JSON");
     let config = ControllerConfig::default();
     let (mut node_objects, mut pods, mut pdbs) = (Vec::new(), Vec::new(), Vec::new());
-    for item in list["items"].as_array().expect("items") {
-        match item["kind"].as_str() {
-            Some("Node") => {
-                node_objects.push(Arc::new(serde_json::from_value::<Node>(item.clone()).unwrap()))
-            }
-            Some("Pod") => {
-                let pod: Pod = serde_json::from_value(item.clone()).unwrap();
+    for item in list["items"].as_array_mut().expect("items") {
+        let kind = item["kind"].as_str().unwrap_or_default().to_string();
+        let item = item.take();
+        match kind.as_str() {
+            "Node" => node_objects.push(Arc::new(serde_json::from_value::<Node>(item).unwrap())),
+            "Pod" => {
+                let pod: Pod = serde_json::from_value(item).unwrap();
                 pods.push(Arc::new(PodRecord::new(pod, &config.training.checkpoint_annotation)));
             }
-            Some("PodDisruptionBudget") => {
-                pdbs.push(Arc::new(serde_json::from_value::<PodDisruptionBudget>(item.clone()).unwrap()))
+            "PodDisruptionBudget" => {
+                pdbs.push(Arc::new(serde_json::from_value::<PodDisruptionBudget>(item).unwrap()))
             }
             _ => {}
         }

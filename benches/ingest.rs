@@ -8,28 +8,16 @@
 //!   cargo bench --bench ingest                       # 5,000 nodes
 //!   GPUSCALE_INGEST_NODES=1000 cargo bench --bench ingest
 
+#[path = "support/generated.rs"]
+mod generated;
+
 use criterion::{criterion_group, criterion_main, Criterion};
-use std::path::{Path, PathBuf};
+use generated::generated;
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpuscale");
-
-fn generated(nodes: usize) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ingest-{nodes}"));
-    if !dir.join("cluster.json").exists() {
-        let running = nodes * 10;
-        let pending = nodes * 2;
-        let status = Command::new(BIN)
-            .args(["generate", "--nodes", &nodes.to_string(), "--running", &running.to_string()])
-            .args(["--pending", &pending.to_string(), "-o"])
-            .arg(&dir)
-            .status()
-            .expect("run gpuscale generate");
-        assert!(status.success(), "gpuscale generate failed");
-    }
-    dir
-}
 
 /// Seconds of one run of `cmd`, which must succeed.
 fn timed(cmd: &mut Command) -> f64 {
@@ -56,7 +44,7 @@ fn plan_command(dir: &Path) -> Command {
 
 fn bench(c: &mut Criterion) {
     let nodes = std::env::var("GPUSCALE_INGEST_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
-    let dir = generated(nodes);
+    let dir = generated("ingest", nodes, nodes * 10, nodes * 2);
     let file = dir.join("cluster.json");
     let bytes = std::fs::metadata(&file).expect("generated file").len();
     let loaded = gpuscale::k8s::load_snapshot(&file).expect("load the generated List");

@@ -374,18 +374,13 @@ impl<'p> Placer<'p> {
         first: NodeId,
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
-        match self.walk(workload, first, allowed, self.skip_refusing) {
-            // Why no node fits is counted over every node, those the cache skipped too: walked
-            // again without skipping (the verdicts are all cached by now, and a failed walk draws
-            // no random numbers and moves no sampling start, so the second changes nothing).
-            Err(_) => self.walk(workload, first, allowed, false),
-            found => found,
-        }
+        self.walk(workload, first, allowed, self.skip_refusing)
     }
 
     /// [`Placer::scan`]'s walk; with `skip`, over the nodes not known to refuse the shape only,
     /// which chooses the same node (skipped nodes are never feasible, and the sampling start
-    /// moves as a walk over all nodes would move it) but counts no reasons for the skipped.
+    /// moves as a walk over all nodes would move it). A walk that skipped and found nothing is
+    /// walked again over every node, for a reason counted over all of them.
     fn walk(
         &mut self,
         workload: &Workload,
@@ -522,6 +517,11 @@ impl<'p> Placer<'p> {
             }
         }
         let Some(node) = chosen else {
+            if skipping.is_some() {
+                // The verdicts are all cached by now, and a failed walk draws no random numbers
+                // and moves no sampling start: the second walk only counts.
+                return self.walk(workload, first, allowed, false);
+            }
             // The most common reason, the earlier-listed one on ties.
             let reason = Unfit::ALL
                 .into_iter()
