@@ -3,10 +3,12 @@
 //! The in-run baseline is the same plan with the `random` policy (no scoring work): the ratio
 //! of the two is the cost of gpuscale's placement quality. A third case labels every pod and
 //! gives 10% of them required anti-affinity or zone spread: its ratio to the plain `gpuscale`
-//! case is the cost of kube-scheduler's cluster-wide filters.
+//! case is the cost of kube-scheduler's cluster-wide filters. A fourth plans the plain cluster
+//! again with the first plan's placements as hints, as a controller's next loop does: its ratio
+//! to `gpuscale` is what the hints save.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpuscale::planner::{self, PlanInput, PlannerSettings};
+use gpuscale::planner::{self, PlacementHints, PlanInput, PlannerSettings};
 use gpuscale::scheduler::PolicyKind;
 use std::time::Instant;
 
@@ -24,12 +26,15 @@ fn bench(c: &mut Criterion) {
     gpuscale::sim::synthetic::with_interpod(&mut interpod, 0.1, 1);
     let plain = PlanInput { snapshot, groups: groups.clone(), ..Default::default() };
     let interpod = PlanInput { snapshot: interpod, groups, ..Default::default() };
+    let last = planner::plan(&plain, &PlannerSettings::default());
+    let hinted = PlanInput { hints: PlacementHints::of(&last), ..plain.clone() };
     let mut group = c.benchmark_group("plan-5000-nodes-50k-running-10k-pending");
     group.sample_size(10);
     for (name, policy, input) in [
         ("random", PolicyKind::Random, &plain),
         ("gpuscale", PolicyKind::Gpuscale, &plain),
         ("gpuscale-interpod-10pct", PolicyKind::Gpuscale, &interpod),
+        ("gpuscale-hinted", PolicyKind::Gpuscale, &hinted),
     ] {
         let settings = PlannerSettings { policy, ..Default::default() };
         let start = Instant::now();

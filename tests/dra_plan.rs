@@ -49,7 +49,7 @@ fn plan_with(
             .expect("valid provider config")
             .node_groups()
     });
-    let input = PlanInput { snapshot, groups, unavailable: Default::default() };
+    let input = PlanInput { snapshot, groups, unavailable: Default::default(), ..Default::default() };
     planner::plan(&input, &settings)
 }
 
@@ -349,7 +349,7 @@ fn a_new_dra_node_without_its_slices_is_in_flight_not_a_node_without_gpus() {
             "publishes 0 of the 8 DRA devices of its group".into()
         )
     );
-    let input = PlanInput { snapshot, groups, unavailable: Default::default() };
+    let input = PlanInput { snapshot, groups, unavailable: Default::default(), ..Default::default() };
     let p = planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() });
     assert_eq!(scale_ups(&p), vec![], "{p:?}");
     assert_eq!(placed(&p), vec![s("ml/want8", "h100-new")]);

@@ -131,7 +131,7 @@ fn plan_of(base: &[Value], claims: &[Value], pods: &[Value]) -> BTreeMap<String,
     let objects: Vec<SourcedObject> = all.iter().cloned().map(|o| SourcedObject::new("e2e", o)).collect();
     let snapshot = gpuscale::k8s::convert(&objects).expect("valid snapshot").snapshot;
     let plan = planner::plan(
-        &PlanInput { snapshot, groups: Vec::new(), unavailable: Default::default() },
+        &PlanInput { snapshot, groups: Vec::new(), unavailable: Default::default(), ..Default::default() },
         &PlannerSettings { scale_down: false, consolidation: false, ..Default::default() },
     );
     let mut expected: BTreeMap<String, Option<String>> = BTreeMap::new();

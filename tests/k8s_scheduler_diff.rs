@@ -375,7 +375,12 @@ fn plan_verdict(s: &Snapshot) -> Result<String, String> {
         .map(|o| SourcedObject::new(s.ns.clone(), o.clone()))
         .collect();
     let loaded = gpuscale::k8s::convert(&objects).map_err(|e| format!("conversion error: {e}"))?;
-    let input = PlanInput { snapshot: loaded.snapshot, groups: Vec::new(), unavailable: Default::default() };
+    let input = PlanInput {
+        snapshot: loaded.snapshot,
+        groups: Vec::new(),
+        unavailable: Default::default(),
+        ..Default::default()
+    };
     let settings = PlannerSettings { scale_down: false, consolidation: false, ..Default::default() };
     let plan = planner::plan(&input, &settings);
     let id = format!("{}/{}", s.ns, s.pending);

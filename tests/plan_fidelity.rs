@@ -50,8 +50,12 @@ fn plan_of(objects: Vec<Value>, groups_yaml: Option<&str>) -> gpuscale::planner:
             .expect("valid provider config")
             .node_groups()
     });
-    let input =
-        PlanInput { snapshot: snapshot_of(objects).snapshot, groups, unavailable: Default::default() };
+    let input = PlanInput {
+        snapshot: snapshot_of(objects).snapshot,
+        groups,
+        unavailable: Default::default(),
+        ..Default::default()
+    };
     planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() })
 }
 
@@ -337,11 +341,8 @@ fn cluster_default_spread_constraints_apply_to_controlled_pods() {
     first["spec"]["nodeName"] = json!("a-1");
     first["status"]["phase"] = json!("Running");
     let objects = vec![a, b, filler, first, replica("web-2", "web")];
-    let input = PlanInput {
-        snapshot: snapshot_of(objects).snapshot,
-        groups: Vec::new(),
-        unavailable: Default::default(),
-    };
+    let input =
+        PlanInput { snapshot: snapshot_of(objects).snapshot, groups: Vec::new(), ..Default::default() };
     let settings = PlannerSettings { scale_down: false, ..Default::default() };
     let plan = planner::plan(&input, &settings);
     assert_eq!(plan.placements.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), vec!["a-1"]);

@@ -58,7 +58,12 @@ fn plan(objects: Vec<Value>, groups_yaml: Option<&str>) -> gpuscale::planner::Pl
             .expect("valid provider config")
             .node_groups()
     });
-    let input = PlanInput { snapshot: convert(objects).snapshot, groups, unavailable: Default::default() };
+    let input = PlanInput {
+        snapshot: convert(objects).snapshot,
+        groups,
+        unavailable: Default::default(),
+        ..Default::default()
+    };
     planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() })
 }
 

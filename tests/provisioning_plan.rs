@@ -111,7 +111,12 @@ fn plan_with(objects: &[Value], groups: &str, scale_down: bool) -> Plan {
     let groups = gpuscale::providers::config::load_strs(&[("groups.yaml", groups)])
         .expect("valid provider config")
         .node_groups();
-    let input = PlanInput { snapshot: snapshot(objects), groups, unavailable: Default::default() };
+    let input = PlanInput {
+        snapshot: snapshot(objects),
+        groups,
+        unavailable: Default::default(),
+        ..Default::default()
+    };
     planner::plan(&input, &PlannerSettings { scale_down, now: Some(NOW), ..Default::default() })
 }
 

@@ -21,7 +21,7 @@ use super::Observer;
 use crate::k8s::SnapshotError;
 use crate::model::{ErrorClass, InstanceState, NodeGroup};
 use crate::planner::decide::{self, decide, Command, DecideSettings, Observed, Replacing};
-use crate::planner::{self, cluster::group_of, Plan, PlanInput, PlannerSettings};
+use crate::planner::{self, cluster::group_of, PlacementHints, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
 use crate::providers::{CloudProvider, ProviderError};
 use futures::StreamExt;
@@ -213,6 +213,8 @@ struct LoopState {
     evicted_at: BTreeMap<String, Instant>,
     /// Each Node's conversion, kept until the node changes.
     conversions: crate::k8s::ConversionCache,
+    /// Where the last plan put pending pods, tried first by the next ([`PlacementHints`]).
+    hints: PlacementHints,
 }
 
 /// How long a pod this process evicted is not evicted again while the watch catches up.
@@ -591,6 +593,7 @@ impl Controller {
             gangs_resumed: false,
             evicted_at: BTreeMap::new(),
             conversions: Default::default(),
+            hints: Default::default(),
         };
         let mut was_leading = false;
         let mut last_tick = Instant::now();
@@ -767,12 +770,14 @@ impl Controller {
             snapshot: std::mem::take(&mut view.snapshot),
             groups: groups.clone(),
             unavailable: self.providers.unavailable(&groups),
+            hints: std::mem::take(&mut state.hints),
         };
         let settings = PlannerSettings { now: Some(now.as_second()), ..self.options.planner.clone() };
         let planning = Instant::now();
         let plan = planner::plan(&input, &settings);
         view.snapshot = std::mem::take(&mut input.snapshot);
-        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), "planned");
+        state.hints = PlacementHints::of(&plan);
+        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), hinted = input.hints.len(), "planned");
         self.observer.plan_computed(&plan, &view.snapshot, dry, started.elapsed());
         if dry || !self.leading() {
             return Ok(busy);

@@ -16,6 +16,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
+use rayon::slice::ParallelSliceMut;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -138,7 +139,9 @@ pub fn build(
     let mut nodes: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
     nodes.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
     let mut pods: Vec<&PodRecord> = pods.iter().map(AsRef::as_ref).collect();
-    pods.sort_unstable_by(|a, b| a.identity().cmp(&b.identity()));
+    // Tens of thousands of records scattered in memory: the sort is mostly cache misses, and
+    // the second core halves it.
+    pods.par_sort_unstable_by(|a, b| a.identity().cmp(&b.identity()));
     let mut pdbs: Vec<&PodDisruptionBudget> = pdbs.iter().map(AsRef::as_ref).collect();
     pdbs.sort_by(|a, b| by_identity(&&a.metadata, &&b.metadata));
     let no_annotations = BTreeMap::new();
@@ -171,21 +174,29 @@ pub fn build(
     view.snapshot = loaded.snapshot;
     view.warnings = loaded.warnings;
 
-    let workloads: BTreeMap<&str, usize> =
-        view.snapshot.workloads.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
+    // The snapshot's workloads are the pods that converted, in the pods' order: walked side by
+    // side, each pod meets its workload, if it has one.
     let mut protected = Vec::new();
+    let mut next = 0;
     for p in &pods {
-        let Some(&wi) = workloads.get(p.id()) else { continue };
-        let facts = p.facts(&view.snapshot.workloads[wi]);
-        if facts.node.is_some() && facts.eviction_blocked.is_none() && facts.is_training() {
+        let workloads = &view.snapshot.workloads;
+        if workloads.get(next).is_none_or(|w| w.id != p.id()) {
+            continue;
+        }
+        let (wi, w) = (next, &workloads[next]);
+        next += 1;
+        let Some(node) = &w.node_name else { continue };
+        // Every node's pods, not only those of nodes draining now: a drain this pass starts
+        // advances in the same pass.
+        let facts = p.facts(w);
+        if w.eviction_blocked.is_none() && facts.is_training() {
             if let Some(reason) = drain::protection(&facts, config, now) {
                 protected.push((wi, reason));
             }
         }
-        if let Some(node) = &facts.node {
-            view.pods_by_node.entry(node.clone()).or_default().push(facts);
-        }
+        view.pods_by_node.entry(node.clone()).or_default().push(facts);
     }
+    debug_assert_eq!(next, view.snapshot.workloads.len(), "every workload is one of the pods");
     for (wi, reason) in protected {
         view.snapshot.workloads[wi].eviction_blocked = Some(reason);
     }

@@ -55,7 +55,8 @@ impl RawObject for SourcedObject {
 /// A pod converted, with what its conversion said, and the API object when the pod names
 /// volume claims (the storage checks read it once every claim is known).
 pub(super) struct PodEntry {
-    pub converted: Result<(Option<ConvertedPod>, Vec<String>), SnapshotError>,
+    /// Boxed, as the tens of thousands of entries move through several vectors on their way.
+    pub converted: Result<(Option<Box<ConvertedPod>>, Vec<String>), SnapshotError>,
     pub with_claims: Option<Box<core::Pod>>,
     /// Its DRA claim references, when it has any.
     pub dra: Option<Box<super::dra::PodClaims>>,
@@ -63,7 +64,8 @@ pub(super) struct PodEntry {
 
 /// An object decoded, the thousands converted already.
 pub(super) enum Decoded {
-    Node(Result<(ConvertedNode, Vec<String>), SnapshotError>),
+    /// Boxed: a Node is large, and every pod's entry would be as large otherwise.
+    Node(Box<Result<(ConvertedNode, Vec<String>), SnapshotError>>),
     Pod(PodEntry),
     Pdb(Box<policy::PodDisruptionBudget>),
     Claim(Box<core::PersistentVolumeClaim>),
@@ -117,12 +119,13 @@ fn decode_one<O: RawObject>(o: &O, pod_groups: &BTreeMap<String, u32>) -> Result
         ("v1", "Node") => {
             let k: core::Node = o.decode::<slim::NodeIn>()?.into();
             let mut warnings = Vec::new();
-            Decoded::Node(convert_node(&k, &o.origin(), &mut warnings).map(|c| (c, warnings)))
+            Decoded::Node(Box::new(convert_node(&k, &o.origin(), &mut warnings).map(|c| (c, warnings))))
         }
         ("v1", "Pod") => {
             let k: core::Pod = o.decode::<slim::PodIn>()?.into();
             let mut warnings = Vec::new();
-            let converted = convert_pod(&k, &o.origin(), pod_groups, &mut warnings).map(|c| (c, warnings));
+            let converted =
+                convert_pod(&k, &o.origin(), pod_groups, &mut warnings).map(|c| (c.map(Box::new), warnings));
             let dra = super::dra::PodClaims::of(&k).map(Box::new);
             let with_claims = volume::Storage::uses_claims(&k).then(|| Box::new(k));
             Decoded::Pod(PodEntry { converted, with_claims, dra })

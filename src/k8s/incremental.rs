@@ -54,7 +54,7 @@ impl PodConversion {
     fn entry(&self, sizes: &BTreeMap<String, u32>) -> PodEntry {
         let converted = match &self.converted {
             Ok((pod, warnings)) => {
-                let mut pod = pod.clone();
+                let mut pod = pod.clone().map(Box::new);
                 if let Some(w) = pod.as_mut().map(|p| &mut p.workload) {
                     if let Some(size) = w.gang.as_ref().and_then(|g| sizes.get(g)) {
                         w.gang_min_members = Some(*size);
@@ -64,7 +64,7 @@ impl PodConversion {
             }
             Err(pod) => {
                 let mut warnings = Vec::new();
-                convert_pod(pod, &self.origin, sizes, &mut warnings).map(|c| (c, warnings))
+                convert_pod(pod, &self.origin, sizes, &mut warnings).map(|c| (c.map(Box::new), warnings))
             }
         };
         PodEntry { converted, with_claims: self.with_claims.clone(), dra: self.dra.clone() }
@@ -206,7 +206,7 @@ impl ConversionCache {
         );
         let mut objects: Vec<(String, Decoded)> =
             Vec::with_capacity(nodes.len() + pods.len() + pdbs.len() + pod_groups.len() + others.len());
-        objects.extend(converted_nodes.into_iter().map(|(origin, c)| (origin, Decoded::Node(c))));
+        objects.extend(converted_nodes.into_iter().map(|(origin, c)| (origin, Decoded::Node(Box::new(c)))));
         let entries: Vec<PodEntry> = pods.par_iter().map(|p| p.entry(&sizes)).collect();
         for (p, entry) in pods.iter().zip(entries) {
             objects.push((p.origin.clone(), Decoded::Pod(entry)));

@@ -133,7 +133,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     for (origin, decoded) in objects {
         match decoded {
-            Decoded::Node(c) => nodes.push((origin, c)),
+            Decoded::Node(c) => nodes.push((origin, *c)),
             Decoded::Pod(p) => pods.push((origin, p)),
             Decoded::Pdb(k) => pdbs.push((origin, k)),
             Decoded::Claim(k) => storage.add_claim(*k),

@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod decide;
 pub mod default_spread;
+mod hints;
 mod idle;
 mod mig_advice;
 mod plan;
@@ -19,6 +20,7 @@ mod scale_down;
 mod scale_up;
 mod tenancy;
 
+pub use hints::PlacementHints;
 pub use plan::{
     IdleGpu, Kept, MigRepartition, PendingPlacement, Plan, Preempt, Replace, RequestOutcome, RequestState,
     ScaleDown, ScaleUp, Unschedulable,
@@ -39,6 +41,9 @@ pub struct PlanInput {
     pub groups: Vec<NodeGroup>,
     /// Groups not to grow now (recent capacity errors, backoff), with the reason.
     pub unavailable: BTreeMap<String, String>,
+    /// Where the last plan put pending pods, tried first (the controller's loops; see
+    /// [`PlacementHints`]).
+    pub hints: PlacementHints,
 }
 
 /// Planner knobs (the `planner:` section of the config file).
@@ -310,8 +315,10 @@ fn plan_with(
     steps.push(("prepare", started.elapsed()));
     // 1. Pending pods onto existing and in-flight capacity.
     let mut unplaced: Vec<Unit> = Vec::new();
+    let hinted = input.hints.resolve(&snapshot.workloads, placer.nodes());
+    let among = if hinted.is_empty() { scale_up::Among::All } else { scale_up::Among::Hinted(&hinted) };
     for unit in units {
-        match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, scale_up::Among::All) {
+        match scale_up::place_unit(&mut placer, &snapshot.workloads, &unit, among) {
             Some(placed) => {
                 // A gang whose minimum is placed: its other members scale like single pods.
                 for &wi in unit.pods.iter().filter(|wi| !placed.iter().any(|(p, _)| p == *wi)) {

@@ -15,6 +15,9 @@ const LOOKAHEAD: usize = 64;
 pub(crate) enum Among<'a> {
     /// Any node: the placer may remember that pods of a shape found no room.
     All,
+    /// Any node, each pod first on the node its hint names (by snapshot index), if it still
+    /// fits there.
+    Hinted(&'a [Option<NodeId>]),
     /// The nodes from this one on: those the plan added.
     Added(NodeId),
     /// The nodes the function accepts.
@@ -24,7 +27,7 @@ pub(crate) enum Among<'a> {
 impl Among<'_> {
     fn admits(&self, n: NodeId) -> bool {
         match self {
-            Among::All => true,
+            Among::All | Among::Hinted(_) => true,
             Among::Added(first) => n >= *first,
             Among::Where(allowed) => allowed(n),
         }
@@ -70,6 +73,10 @@ fn place_members(
         let w = &workloads[wi];
         let found = match among {
             Among::All => placer.find(w),
+            Among::Hinted(hints) => match hints.get(wi).copied().flatten() {
+                Some(node) => placer.find_on(w, node).or_else(|_| placer.find(w)),
+                None => placer.find(w),
+            },
             Among::Added(first) => placer.find_from(w, first),
             Among::Where(allowed) => placer.find_where(w, allowed),
         };

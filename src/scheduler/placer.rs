@@ -60,6 +60,17 @@ impl ShapeKey {
     }
 }
 
+/// The nodes a scan walks.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    /// Every node, from where the last sampled scan stopped.
+    Cluster,
+    /// The nodes from this one on (those a plan added), or every node when it is the first.
+    From(NodeId),
+    /// This node alone.
+    Only(NodeId),
+}
+
 /// Cached verdict for one (shape, node).
 #[derive(Debug, Clone, Copy)]
 enum Cached {
@@ -83,6 +94,13 @@ pub struct Placer<'p> {
     /// refuse most shapes, and a pod's scan would otherwise step over all of them to find its
     /// sample of feasible nodes.
     open: Vec<NodeSet>,
+    /// Nodes whose state changed, in order of change: a shape's column and open set are
+    /// brought up to date with what happened since it was last walked ([`Placer::sync`]), not on
+    /// every change (thousands of commits and added nodes, hundreds of shapes, most never walked
+    /// again).
+    changes: Vec<NodeId>,
+    /// `synced[shape]`: how much of `changes` (and of the nodes) the shape's column reflects.
+    synced: Vec<(usize, usize)>,
     /// Whether scans walk the open nodes only (off in tests, to compare with the full walk).
     skip_refusing: bool,
     /// Position of each node in a seeded random order, for [`TieBreak::NodeOrder`].
@@ -215,6 +233,8 @@ impl<'p> Placer<'p> {
             shapes: Default::default(),
             scores: Vec::new(),
             open: Vec::new(),
+            changes: Vec::new(),
+            synced: Vec::new(),
             skip_refusing: true,
             rank,
             rng,
@@ -278,6 +298,7 @@ impl<'p> Placer<'p> {
     fn shape_index(&mut self, w: &Workload) -> Option<usize> {
         let key = ShapeKey::of(w);
         if let Some(&i) = self.shapes.get(&key) {
+            self.sync(i);
             return Some(i);
         }
         if (self.scores.len() + 1) * self.nodes.len() > MAX_CACHE_ENTRIES {
@@ -285,20 +306,35 @@ impl<'p> Placer<'p> {
         }
         self.scores.push(vec![Cached::Unknown; self.nodes.len()]);
         self.open.push(NodeSet::full(self.nodes.len()));
+        self.synced.push((self.changes.len(), self.nodes.len()));
         self.static_fit.push(vec![None; self.class_reps.len()]);
         self.shapes.insert(key, self.scores.len() - 1);
         Some(self.scores.len() - 1)
     }
 
+    /// Brings shape `s`'s column and open set up to date: nodes added since are unknown and
+    /// open, nodes changed since are unknown and open again.
+    fn sync(&mut self, s: usize) {
+        let (seen, known) = self.synced[s];
+        let n = self.nodes.len();
+        if seen == self.changes.len() && known == n {
+            return;
+        }
+        let (column, open) = (&mut self.scores[s], &mut self.open[s]);
+        column.resize(n, Cached::Unknown);
+        for _ in known..n {
+            open.push(true);
+        }
+        for &node in &self.changes[seen..] {
+            column[node] = Cached::Unknown;
+            open.insert(node);
+        }
+        self.synced[s] = (self.changes.len(), n);
+    }
+
     /// Adds a node (e.g. one a scale-up would create) and returns its id.
     pub fn add_node(&mut self, node: Node) -> NodeId {
         self.no_room.clear();
-        for column in &mut self.scores {
-            column.push(Cached::Unknown);
-        }
-        for open in &mut self.open {
-            open.push(true);
-        }
         self.rank.push(self.rank.len() as u32);
         self.push_node(node)
     }
@@ -323,7 +359,9 @@ impl<'p> Placer<'p> {
     /// Finds the best node for `workload` without placing it. On failure, returns the most
     /// common reason among nodes (for reporting).
     pub fn find(&mut self, workload: &Workload) -> Result<Placement, Unfit> {
-        let Some(shape) = self.no_room_shape(workload) else { return self.scan(workload, 0, &|_| true) };
+        let Some(shape) = self.no_room_shape(workload) else {
+            return self.scan(workload, Span::Cluster, &|_| true);
+        };
         let me = workload.identity.clone();
         let known = self
             .no_room
@@ -332,7 +370,7 @@ impl<'p> Placer<'p> {
         if let Some(unfit) = known {
             return Err(*unfit);
         }
-        let found = self.scan(workload, 0, &|_| true);
+        let found = self.scan(workload, Span::Cluster, &|_| true);
         if let Err(unfit) = &found {
             // Found no room without other pods in the way: no pod of the shape will, whoever it is.
             let who = if self.index.constrains(workload) { me } else { None };
@@ -357,24 +395,33 @@ impl<'p> Placer<'p> {
         workload: &Workload,
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
-        self.scan(workload, 0, allowed)
+        self.scan(workload, Span::Cluster, allowed)
     }
 
     /// Like [`Placer::find`], among the nodes from `first` on (those a plan added), without
     /// walking the others.
     pub fn find_from(&mut self, workload: &Workload, first: NodeId) -> Result<Placement, Unfit> {
-        self.scan(workload, first, &|_| true)
+        self.scan(workload, Span::From(first), &|_| true)
     }
 
-    /// Finds the best node from `first` on that `allowed` accepts; from the start of the
-    /// cluster, the scan begins where the last sampled one stopped.
+    /// Whether `workload` fits `node` now, judged as a scan judges each node, and with which
+    /// devices: for a pod the last plan put there (a hint), checked before any scan.
+    pub fn find_on(&mut self, workload: &Workload, node: NodeId) -> Result<Placement, Unfit> {
+        if node >= self.nodes.len() {
+            return Err(Unfit::NodeMismatch);
+        }
+        self.scan(workload, Span::Only(node), &|_| true)
+    }
+
+    /// Finds the best node of `span` that `allowed` accepts; over the whole cluster, the scan
+    /// begins where the last sampled one stopped.
     fn scan(
         &mut self,
         workload: &Workload,
-        first: NodeId,
+        span: Span,
         allowed: &dyn Fn(NodeId) -> bool,
     ) -> Result<Placement, Unfit> {
-        self.walk(workload, first, allowed, self.skip_refusing)
+        self.walk(workload, span, allowed, self.skip_refusing)
     }
 
     /// [`Placer::scan`]'s walk; with `skip`, over the nodes not known to refuse the shape only,
@@ -384,7 +431,7 @@ impl<'p> Placer<'p> {
     fn walk(
         &mut self,
         workload: &Workload,
-        first: NodeId,
+        span: Span,
         allowed: &dyn Fn(NodeId) -> bool,
         skip: bool,
     ) -> Result<Placement, Unfit> {
@@ -408,7 +455,11 @@ impl<'p> Placer<'p> {
         let mut reasons = [0usize; Unfit::ALL.len()];
         let n = self.nodes.len();
         let start = if self.feasible_limit.is_some() && n > 0 { self.next_start % n } else { 0 };
-        let segments = if first > 0 { [first..n, 0..0] } else { [start..n, 0..start] };
+        let segments = match span {
+            Span::From(first) if first > 0 => [first..n, 0..0],
+            Span::Only(id) => [id..id + 1, 0..0],
+            Span::Cluster | Span::From(_) => [start..n, 0..start],
+        };
         let mut feasible = 0usize;
         // Pods per `ScheduleAnyway` domain, counted when a tie needs them.
         let mut domains: HashMap<(usize, String), u32> = HashMap::new();
@@ -520,7 +571,7 @@ impl<'p> Placer<'p> {
             if skipping.is_some() {
                 // The verdicts are all cached by now, and a failed walk draws no random numbers
                 // and moves no sampling start: the second walk only counts.
-                return self.walk(workload, first, allowed, false);
+                return self.walk(workload, span, allowed, false);
             }
             // The most common reason, the earlier-listed one on ties.
             let reason = Unfit::ALL
@@ -661,14 +712,9 @@ impl<'p> Placer<'p> {
         self.forget_scores(node);
     }
 
-    /// Forgets cached scores of a node that only took more on.
+    /// Forgets cached scores of a node that only took more on (each shape when next walked).
     fn forget_scores(&mut self, node: NodeId) {
-        for column in &mut self.scores {
-            column[node] = Cached::Unknown;
-        }
-        for open in &mut self.open {
-            open.insert(node);
-        }
+        self.changes.push(node);
     }
 }
 

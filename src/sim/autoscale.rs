@@ -807,7 +807,7 @@ impl<'a> Sim<'a> {
         let by_id: BTreeMap<String, usize> =
             snapshot.workloads.iter().enumerate().map(|(k, w)| (w.id.clone(), index[k])).collect();
         let groups = self.cloud.snapshot();
-        let input = PlanInput { snapshot, groups, unavailable: self.unavailable() };
+        let input = PlanInput { snapshot, groups, unavailable: self.unavailable(), ..Default::default() };
         let settings = PlannerSettings {
             seed: self.cfg.seed,
             consolidation: self.cfg.consolidation,

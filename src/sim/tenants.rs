@@ -305,7 +305,8 @@ impl Live<'_, '_> {
             snapshot.workloads.push(w);
             index.push(i);
         }
-        let input = PlanInput { snapshot, groups: Vec::new(), unavailable: BTreeMap::new() };
+        let input =
+            PlanInput { snapshot, groups: Vec::new(), unavailable: BTreeMap::new(), ..Default::default() };
         let settings = PlannerSettings { now: Some(t as i64), ..run.settings.clone() };
         let plan = planner::plan(&input, &settings);
         let observed = Observed { snapshot: &input.snapshot, groups: &[], gangs_in_flight: &BTreeSet::new() };
