@@ -16,7 +16,6 @@ use generated::generated;
 use gpuscale::controller::config::ControllerConfig;
 use gpuscale::controller::pod_store::PodRecord;
 use gpuscale::controller::snapshot;
-use gpuscale::k8s::ConversionCache;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::Value;
@@ -59,8 +58,8 @@ fn bench(c: &mut Criterion) {
         pdbs.len()
     );
     let now = k8s_openapi::jiff::Timestamp::now();
-    let mut cache = ConversionCache::default();
-    let assemble = |cache: &mut ConversionCache| {
+    let mut cache = snapshot::AssemblyCache::default();
+    let assemble = |cache: &mut snapshot::AssemblyCache| {
         snapshot::build(&node_objects, &pods, &pdbs, &[], Vec::new(), &config, now, cache).expect("assemble")
     };
     let start = Instant::now();

@@ -119,8 +119,8 @@ pub async fn read(
         Err(e) => return Err(e),
     }
     let checkpoint = &config.training.checkpoint_annotation;
-    let pods: Vec<PodRecord> =
-        pods.into_iter().map(|p| PodRecord::new(Arc::unwrap_or_clone(p), checkpoint)).collect();
-    let mut cache = crate::k8s::ConversionCache::default();
+    let pods: Vec<Arc<PodRecord>> =
+        pods.into_iter().map(|p| Arc::new(PodRecord::new(Arc::unwrap_or_clone(p), checkpoint))).collect();
+    let mut cache = snapshot::AssemblyCache::default();
     Ok(snapshot::build(&nodes, &pods, &pdbs, &pod_groups, storage, config, now, &mut cache)?)
 }

@@ -211,8 +211,8 @@ struct LoopState {
     /// the next pass, and a second eviction of a terminating pod is wasted (the real API answers
     /// 201 again). Lost on restart, which only costs one repeated eviction.
     evicted_at: BTreeMap<String, Instant>,
-    /// Each Node's conversion, kept until the node changes.
-    conversions: crate::k8s::ConversionCache,
+    /// Each Node's conversion and the pods' order, kept until they change.
+    assembly: snapshot::AssemblyCache,
     /// Where the last plan put pending pods, tried first by the next ([`PlacementHints`]).
     hints: PlacementHints,
 }
@@ -592,7 +592,7 @@ impl Controller {
             gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
             gangs_resumed: false,
             evicted_at: BTreeMap::new(),
-            conversions: Default::default(),
+            assembly: Default::default(),
             hints: Default::default(),
         };
         let mut was_leading = false;
@@ -727,11 +727,11 @@ impl Controller {
             others,
             &cfg,
             now,
-            &mut state.conversions,
+            &mut state.assembly,
         )?;
         tracing::debug!(
-            converted = state.conversions.counts.converted,
-            reused = state.conversions.counts.reused,
+            converted = state.assembly.conversions.counts.converted,
+            reused = state.assembly.conversions.counts.reused,
             seconds = converting.elapsed().as_secs_f64(),
             "cluster state converted"
         );

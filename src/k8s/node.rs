@@ -343,7 +343,7 @@ pub fn convert_node(
             gpu_model: gpus.model,
             gpus: gpus.devices,
             topology,
-            labels,
+            labels: labels.into(),
             taints,
             zone,
             node_group,

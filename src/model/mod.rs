@@ -9,6 +9,7 @@ mod demand;
 mod device;
 pub mod dra;
 mod group;
+mod labels;
 pub mod mig;
 pub mod names;
 mod node;
@@ -22,6 +23,7 @@ pub use catalog::{vgpu_profile, GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
 pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
+pub use labels::Labels;
 pub use node::{
     GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect, GKE_ACCELERATOR_COUNT_LABEL,
     GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL, GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,

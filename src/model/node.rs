@@ -118,7 +118,7 @@ pub struct Node {
     pub topology: GpuTopology,
     /// Node labels.
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    pub labels: super::Labels,
     /// Node taints.
     #[serde(default)]
     pub taints: Vec<Taint>,

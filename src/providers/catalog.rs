@@ -763,7 +763,7 @@ pub fn template_node(
         gpu_model: model.map(|m| m.name.to_string()),
         gpus,
         topology: GpuTopology::uniform(n, spec.nvlink && model.is_some()),
-        labels: l,
+        labels: l.into(),
         taints: taints.to_vec(),
         zone: Some(zone.to_string()),
         instance_type: Some(spec.instance_type.clone()),

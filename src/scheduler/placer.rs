@@ -714,7 +714,10 @@ impl<'p> Placer<'p> {
 
     /// Forgets cached scores of a node that only took more on (each shape when next walked).
     fn forget_scores(&mut self, node: NodeId) {
-        self.changes.push(node);
+        // A shape starts with every node unknown: before the first, nothing needs the change.
+        if !self.scores.is_empty() {
+            self.changes.push(node);
+        }
     }
 }
 

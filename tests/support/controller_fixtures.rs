@@ -34,7 +34,7 @@ fn zone_of(instance: &str) -> Option<String> {
 /// The Node a kubelet of `group` would register for `instance` (not yet Ready).
 pub fn node_json(group: &NodeGroup, instance: &str) -> Value {
     let t = &group.template;
-    let mut labels: BTreeMap<String, String> = t.labels.clone();
+    let mut labels: BTreeMap<String, String> = (*t.labels).clone();
     labels.insert("gpuscale.io/node-group".into(), group.name().to_string());
     labels.insert("node.kubernetes.io/instance-type".into(), group.instance_type.clone());
     labels.insert("kubernetes.io/hostname".into(), node_name(instance));

@@ -310,7 +310,7 @@ pub fn template_node(input: &TemplateInput<'_>) -> (Node, Vec<BadTaintTag>) {
 
     let mut node = Node {
         name: format!("template-{}", input.group_id.replace('/', "-")),
-        labels,
+        labels: labels.into(),
         taints,
         zone,
         node_group: Some(input.group_id.to_owned()),

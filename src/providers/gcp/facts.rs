@@ -377,7 +377,7 @@ pub fn node_template(
         gpu_model,
         gpus,
         topology,
-        labels,
+        labels: labels.into(),
         zone: Some(zone.to_string()),
         node_group: Some(group_id.to_string()),
         instance_type: Some(machine.name.clone()),
