@@ -666,4 +666,33 @@ mod tests {
         elsewhere.spread.push(spread(1, 1));
         assert_eq!(judged(&nodes, &elsewhere).unwrap()[0], Ok(()));
     }
+
+    /// The label index is built when a selector first asks: pods committed and released before
+    /// then are read from the nodes' residents, those after it are recorded as they come, and
+    /// either way the index names the nodes an eager index would.
+    #[test]
+    fn the_label_index_built_late_follows_commits_and_releases_before_and_after() {
+        let web = LabelSelector {
+            match_labels: [("app".to_string(), "web".to_string())].into(),
+            ..Default::default()
+        };
+        let mut nodes = vec![node("a", "z1"), node("b", "z1"), node("c", "z2")];
+        let (on_a, on_b, on_c) = (pod("ns", "web"), pod("ns", "web"), pod("ns", "web"));
+        nodes[0].allocate_pod(&on_a, &DeviceAssignment::None);
+        let mut index = ClusterIndex::of(&nodes);
+        assert!(index.labels.get().is_none(), "not built before a selector asks");
+        // Before the build: b gains a pod, a loses its own.
+        nodes[1].allocate_pod(&on_b, &DeviceAssignment::None);
+        index.add_pod(1, on_b.identity.as_ref().unwrap());
+        nodes[0].release_pod(&on_a, &DeviceAssignment::None);
+        index.remove_pod(0, on_a.identity.as_ref().unwrap());
+        assert_eq!(index.labels(&nodes).nodes_for(&web), Some(vec![1]));
+        // After it: c gains one, b loses its own.
+        nodes[2].allocate_pod(&on_c, &DeviceAssignment::None);
+        index.add_pod(2, on_c.identity.as_ref().unwrap());
+        nodes[1].release_pod(&on_b, &DeviceAssignment::None);
+        index.remove_pod(1, on_b.identity.as_ref().unwrap());
+        assert_eq!(index.labels(&nodes).nodes_for(&web), Some(vec![2]));
+        assert_eq!(ClusterIndex::of(&nodes).labels(&nodes).nodes_for(&web), Some(vec![2]));
+    }
 }
