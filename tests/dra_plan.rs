@@ -338,7 +338,7 @@ fn a_new_dra_node_without_its_slices_is_in_flight_not_a_node_without_gpus() {
     let groups = gpuscale::providers::config::load_strs(&[("groups.yaml", GROUPS)]).unwrap().node_groups();
     // In flight from the conversion (its instance type has GPUs it does not offer yet), or
     // marked so against its group (which says it publishes eight DRA devices).
-    gpuscale::planner::readiness::mark_in_flight(&mut snapshot.nodes, &groups);
+    gpuscale::planner::readiness::judge_nodes(&mut snapshot, &groups, &Default::default());
     assert_eq!(snapshot.nodes[0].state, gpuscale::model::NodeState::Initializing);
     let mut ready = snapshot.nodes[0].clone();
     ready.state = gpuscale::model::NodeState::Ready;

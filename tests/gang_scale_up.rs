@@ -132,6 +132,7 @@ async fn a_fenced_gang_stops_and_a_resumed_one_rolls_back_once() {
         },
         || polls.get() < 3,
         |_| async { panic!("a fenced process must not begin the rollback") },
+        |_: &str| true,
     )
     .await
     .unwrap();
@@ -159,6 +160,7 @@ async fn a_fenced_gang_stops_and_a_resumed_one_rolls_back_once() {
             marked.set(marked.get() + 1);
             async { true }
         },
+        |_: &str| true,
     )
     .await
     .unwrap();
@@ -175,4 +177,62 @@ async fn a_fenced_gang_stops_and_a_resumed_one_rolls_back_once() {
     assert_eq!(after.len(), 2 + 2 + 2, "two deletions and two restores: {after:?}");
     cloud.advance(Duration::from_secs(600));
     assert_eq!((live(&cloud, "sim/h100-a"), live(&cloud, "sim/h100-b")), (1, 0));
+}
+
+/// The review's finding 1: a rollback used to delete every instance launched since the gang
+/// started, with whatever pods kube-scheduler had bound to their nodes. An instance the caller
+/// says runs other work is kept, and the group's target keeps room for it (else the cloud would
+/// pick another instance to cut the group down with).
+#[tokio::test]
+async fn a_rollback_keeps_instances_whose_nodes_run_other_pods() {
+    let cloud = cloud();
+    cloud.set_zone_capacity("us-east-1b", Some(1));
+    let timeout = Duration::from_secs(900);
+    let record = prepare_gang(&cloud, &growth(), timeout, 1_700_000_000).await.unwrap();
+    // The first new h100-a instance (in launch order) is busy with pods that are not the gang's.
+    let busy = std::cell::RefCell::new(None::<String>);
+    let outcome = run_gang(
+        &cloud,
+        &record,
+        true,
+        timeout,
+        Duration::from_secs(30),
+        |d| {
+            cloud.advance(d);
+            std::future::ready(())
+        },
+        || true,
+        |_| async { true },
+        |id: &str| {
+            let mut busy = busy.borrow_mut();
+            let first = busy.get_or_insert_with(|| id.to_string());
+            first != id
+        },
+    )
+    .await
+    .unwrap();
+    let GangOutcome::RolledBack { deleted, .. } = outcome else { panic!("{outcome:?}") };
+    let kept = busy.borrow().clone().expect("the predicate was asked");
+    assert_eq!(deleted["sim/h100-a"].len(), 1, "one of the two new h100-a instances is kept");
+    assert!(!deleted["sim/h100-a"].contains(&kept));
+    assert_eq!(deleted["sim/h100-b"].len(), 1);
+    cloud.advance(Duration::from_secs(600));
+    assert_eq!((live(&cloud, "sim/h100-a"), live(&cloud, "sim/h100-b")), (2, 0));
+    let groups = cloud.snapshot();
+    let a = groups.iter().find(|g| g.id == "sim/h100-a").unwrap();
+    assert_eq!(a.target_size, 2, "old target 1 plus the kept instance");
+    assert!(a.instances.iter().any(|i| i.id == kept && i.state == InstanceState::Running));
+}
+
+#[test]
+fn a_record_past_twice_its_timeout_is_stale() {
+    let record = gpuscale::providers::gang::GangRecord {
+        groups: vec![],
+        started_unix: 1_000,
+        timeout_seconds: 600.0,
+        rolling_back: false,
+        pods: Default::default(),
+    };
+    assert!(!record.is_stale(1_000 + 1_200));
+    assert!(record.is_stale(1_000 + 1_201));
 }

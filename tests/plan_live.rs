@@ -3,7 +3,7 @@
 //! whose device plugin advertises only half its GPUs). The plan read live (`--kubeconfig`,
 //! `--context`, or found through `KUBECONFIG`) must equal the plan of the same objects exported as
 //! `kubectl get nodes,pods,pdb -A -o json` exports them, and show both controller views (the drain
-//! as before it, the half-advertised node in flight).
+//! as before it, the half-advertised node still starting).
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
@@ -120,7 +120,8 @@ async fn plan_of_the_live_cluster_equals_plan_of_its_kubectl_export() {
     let items = cluster["items"].as_array_mut().unwrap();
 
     // Two nodes the controller sees differently from their raw objects: one whose drain has not
-    // evicted anything (planned as before the drain), one advertising 4 of its 8 GPUs (in flight).
+    // evicted anything (planned as before the drain), one advertising 4 of its 8 GPUs (registered
+    // moments ago, so still starting).
     let h100: Vec<usize> = (0..items.len())
         .filter(|&i| {
             items[i]["kind"] == "Node" && items[i]["metadata"]["labels"]["gpuscale.io/node-group"] == "h100"
@@ -200,7 +201,7 @@ async fn plan_of_the_live_cluster_equals_plan_of_its_kubectl_export() {
     assert!(
         warnings
             .iter()
-            .any(|w| w.starts_with(&format!("Node {half_name}: in flight (advertises 4 of the 8 GPUs"))),
+            .any(|w| w.starts_with(&format!("Node {half_name}: starting (advertises 4 of the 8 GPUs"))),
         "{warnings:#?}"
     );
     // The drained node is planned as before its drain (not cordoned), as `gpuscale run` plans

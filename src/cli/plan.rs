@@ -264,12 +264,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     } else {
         offline_sizes(&providers, &loaded.snapshot, &mut loaded.warnings)
     };
-    // As `gpuscale run` sees them: Ready nodes without the GPUs their group promises are in flight.
-    for (node, why) in planner::readiness::mark_in_flight(&mut loaded.snapshot.nodes, &groups) {
-        loaded.warnings.push(format!("Node {node}: in flight ({why}); counted as coming capacity"));
+    // Which nodes are capacity, as `gpuscale run` judges them: starting, Ready, unready.
+    let lifecycle = settings_file.controller.lifecycle_settings(now.as_second(), &settings_file.telemetry);
+    for verdict in planner::readiness::judge_nodes(&mut loaded.snapshot, &groups, &lifecycle) {
+        loaded.warnings.push(verdict.describe());
     }
     let input = PlanInput { snapshot: loaded.snapshot, groups, ..Default::default() };
     let mut settings: PlannerSettings = settings_file.planner;
+    settings.unready_seconds = settings_file.controller.scale_down_unready_seconds;
     settings.telemetry = settings_file.telemetry;
     settings.tenancy = settings_file.tenancy;
     settings.now = Some(now.as_second());

@@ -83,6 +83,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             namespace,
             dry_run: args.dry_run,
             drive_simulated_clock: true,
+            mutant: Default::default(),
         };
         let metrics = Arc::new(Metrics::new());
         let health = Arc::new(Health::new(std::time::Duration::from_secs(args.health_staleness_seconds)));

@@ -15,7 +15,7 @@ use super::leader::{Fence, NotLeading};
 use crate::providers::gang::GangRecord;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -292,11 +292,22 @@ impl KubeActuator {
         .await
     }
 
-    /// Evicts a pod through the Eviction API (which enforces PodDisruptionBudgets).
-    pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, ApiError> {
+    /// Evicts a pod through the Eviction API (which enforces PodDisruptionBudgets), asking for
+    /// `grace_seconds` of graceful termination (the pod's own, capped by the caller).
+    pub async fn evict(&self, namespace: &str, name: &str, grace_seconds: u32) -> Result<Eviction, ApiError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         self.fenced("evict", || format!("Pod {namespace}/{name}"))?;
-        match api.evict(name, &EvictParams::default()).await {
+        // Posted as its own body: kube 5's `Api::evict` writes the options as `delete_options`,
+        // which the API server ignores, so every eviction would keep the pod's full grace period.
+        let eviction = serde_json::json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"gracePeriodSeconds": grace_seconds},
+        });
+        let posted: Result<serde_json::Value, _> =
+            api.create_subresource("eviction", name, &PostParams::default(), &eviction).await;
+        match posted {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message.clone())),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),

@@ -21,6 +21,13 @@ pub struct ControllerConfig {
     /// A node must be planned for removal this long, without interruption, before its drain
     /// starts (Cluster Autoscaler's `scale-down-unneeded-time`).
     pub scale_down_unneeded_seconds: f64,
+    /// An unready node (NotReady, or its GPUs regressed) becomes a scale-down candidate after this
+    /// long, through the drain path and only when its pods fit elsewhere (Cluster Autoscaler's
+    /// `scale-down-unready-time`).
+    pub scale_down_unready_seconds: f64,
+    /// Most nodes being drained or removed at once, counting those already under way (Cluster
+    /// Autoscaler's `max-scale-down-parallelism`, 10).
+    pub max_scale_down_parallelism: u32,
     /// Longest wait for an evicted pod to terminate, whatever its own grace period.
     pub drain_grace_cap_seconds: f64,
     /// A drain that has not finished after this long is abandoned and the node un-cordoned.
@@ -73,6 +80,8 @@ impl Default for ControllerConfig {
             batch_max_seconds: 10.0,
             resync_seconds: 10.0,
             scale_down_unneeded_seconds: DecideSettings::default().unneeded_seconds,
+            scale_down_unready_seconds: crate::planner::DEFAULT_UNREADY_SECONDS,
+            max_scale_down_parallelism: 10,
             drain_grace_cap_seconds: 600.0,
             drain_timeout_seconds: 3600.0,
             training: TrainingProtection::default(),
@@ -123,6 +132,19 @@ impl ControllerConfig {
         }
     }
 
+    /// The node-lifecycle judgement's settings at `now` (seconds since the epoch).
+    pub fn lifecycle_settings(
+        &self,
+        now: i64,
+        telemetry: &crate::model::TelemetrySettings,
+    ) -> crate::planner::readiness::LifecycleSettings {
+        crate::planner::readiness::LifecycleSettings {
+            now: Some(now),
+            registration_timeout_seconds: self.registration_timeout_seconds,
+            telemetry_max_age: telemetry.max_age,
+        }
+    }
+
     /// Problems with the values, as `(field, value, reason)`.
     pub fn problems(&self) -> Vec<(String, String, String)> {
         let mut out = Vec::new();
@@ -131,6 +153,7 @@ impl ControllerConfig {
             ("batchMaxSeconds", self.batch_max_seconds),
             ("resyncSeconds", self.resync_seconds),
             ("scaleDownUnneededSeconds", self.scale_down_unneeded_seconds),
+            ("scaleDownUnreadySeconds", self.scale_down_unready_seconds),
             ("drainGraceCapSeconds", self.drain_grace_cap_seconds),
             ("drainTimeoutSeconds", self.drain_timeout_seconds),
             ("training.minRuntimeSeconds", self.training.min_runtime_seconds),
@@ -148,6 +171,13 @@ impl ControllerConfig {
                     "must be a non-negative number".into(),
                 ));
             }
+        }
+        if self.max_scale_down_parallelism == 0 {
+            out.push((
+                "controller.maxScaleDownParallelism".into(),
+                "0".into(),
+                "must be at least 1 (scale-down is turned off with planner.scaleDown: false)".into(),
+            ));
         }
         if self.batch_max_seconds < self.batch_idle_seconds {
             out.push((

@@ -17,6 +17,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use crate::k8s::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED};
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: u32 = 30;
+
+/// How long past an evicted pod's (capped) grace period the drain still waits for the pod to be
+/// gone before it gives the node back (Cluster Autoscaler's `PodEvictionHeadroom`).
+pub const EVICTION_HEADROOM: Duration = Duration::from_secs(30);
+
 /// Annotation: the planner's reason for removing the node.
 pub const DRAIN_REASON: &str = "gpuscale.io/drain-reason";
 
@@ -117,12 +124,22 @@ pub struct PodFacts {
     pub checkpoint_at: Option<Timestamp>,
     /// Set once the pod is terminating.
     pub deletion: Option<Deletion>,
+    /// `spec.terminationGracePeriodSeconds` (Kubernetes' default, 30 s, when unset).
+    pub grace_seconds: Option<u32>,
 }
 
 impl PodFacts {
     /// `namespace/name`.
     pub fn id(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The grace period its eviction asks for: its own, capped at `drainGraceCapSeconds`, so the
+    /// kubelet ends the pod within the cap (Cluster Autoscaler's `MaxGracefulTerminationSec`) and
+    /// the VM is never what cuts a shutdown short.
+    pub fn eviction_grace(&self, config: &ControllerConfig) -> u32 {
+        let cap = secs(config.drain_grace_cap_seconds).as_secs().min(u64::from(u32::MAX)) as u32;
+        self.grace_seconds.unwrap_or(DEFAULT_GRACE_SECONDS).min(cap)
     }
 
     /// Whether the pod stays with the node and never blocks its removal (DaemonSet, static).
@@ -221,13 +238,17 @@ pub fn step(
         return out;
     }
     let cap = secs(config.drain_grace_cap_seconds);
+    let mut overdue = None;
     for pod in pods.iter().filter(|p| !p.terminal && !p.is_node_bound()) {
         if let Some(d) = &pod.deletion {
-            // deletionTimestamp = deletion request + grace; wait at most the capped grace.
+            // deletionTimestamp = deletion request + grace. A pod is gone only when its object
+            // is: the node is never removed under a pod still shutting down. One still there
+            // past its capped grace and the headroom gives the node back.
             let requested = d.at - d.grace;
-            if now < requested + d.grace.min(cap) {
-                out.terminating.push(pod.id().to_string());
+            if now >= requested + d.grace.min(cap) + EVICTION_HEADROOM {
+                overdue.get_or_insert_with(|| pod.id());
             }
+            out.terminating.push(pod.id().to_string());
             continue;
         }
         match protection(pod, config, now) {
@@ -238,6 +259,16 @@ pub fn step(
     if !out.blocked.is_empty() && !marks.evicted {
         let (pod, reason) = &out.blocked[0];
         out.outcome = DrainOutcome::Abort { reason: format!("pod {pod} may not be evicted: {reason}") };
+        out.evict.clear();
+        return out;
+    }
+    if let Some(pod) = overdue {
+        out.outcome = DrainOutcome::Abort {
+            reason: format!(
+                "pod {pod} is still there {}s after its capped grace period; keeping the node",
+                EVICTION_HEADROOM.as_secs()
+            ),
+        };
         out.evict.clear();
         return out;
     }
@@ -323,8 +354,11 @@ mod tests {
         assert_eq!((s.evict.len(), s.outcome), (0, DrainOutcome::Finish));
     }
 
+    /// The review's finding 3: the drain used to finish (terminate the VM) once the cap passed
+    /// while the pod was still writing its checkpoint. Now a pod is waited for until it is gone,
+    /// and one still there past its capped grace plus the headroom gives the node back.
     #[test]
-    fn waits_for_terminating_pods_up_to_the_capped_grace() {
+    fn never_finishes_under_a_terminating_pod_and_gives_the_node_back_past_the_cap() {
         let mut p = pod("web", OwnerKind::ReplicaSet);
         p.deletion = Some(Deletion { at: t(3600), grace: Duration::from_secs(3600) });
         let mut c = cfg();
@@ -332,7 +366,28 @@ mod tests {
         let s = step(&marks(true), false, std::slice::from_ref(&p), &c, t(30));
         assert_eq!((s.terminating.clone(), s.outcome), (vec!["ml/web".to_string()], DrainOutcome::Continue));
         let s = step(&marks(true), false, std::slice::from_ref(&p), &c, t(61));
+        assert_eq!(s.outcome, DrainOutcome::Continue, "within the headroom: still waiting");
+        let s = step(&marks(true), false, std::slice::from_ref(&p), &c, t(91));
+        assert!(
+            matches!(&s.outcome, DrainOutcome::Abort { reason } if reason.contains("still there")),
+            "{:?}",
+            s.outcome
+        );
+        // Once the pod object is gone, the drain finishes.
+        let s = step(&marks(true), false, &[], &c, t(91));
         assert_eq!(s.outcome, DrainOutcome::Finish);
+    }
+
+    #[test]
+    fn evictions_ask_for_the_pods_grace_capped() {
+        let mut c = cfg();
+        c.drain_grace_cap_seconds = 600.0;
+        let mut p = pod("trainer", OwnerKind::Job);
+        assert_eq!(p.eviction_grace(&c), DEFAULT_GRACE_SECONDS);
+        p.grace_seconds = Some(1800);
+        assert_eq!(p.eviction_grace(&c), 600);
+        p.grace_seconds = Some(5);
+        assert_eq!(p.eviction_grace(&c), 5);
     }
 
     #[test]

@@ -59,6 +59,7 @@ fn state_label(state: NodeState) -> &'static str {
         NodeState::Initializing => "initializing",
         NodeState::Upcoming => "upcoming",
         NodeState::Deleting => "deleting",
+        NodeState::Unready => "unready",
     }
 }
 
@@ -219,8 +220,13 @@ impl Metrics {
         let mut nodes: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
         for n in &snapshot.nodes {
             let group = n.node_group.clone().unwrap_or_default();
-            for state in [NodeState::Ready, NodeState::Initializing, NodeState::Upcoming, NodeState::Deleting]
-            {
+            for state in [
+                NodeState::Ready,
+                NodeState::Initializing,
+                NodeState::Upcoming,
+                NodeState::Deleting,
+                NodeState::Unready,
+            ] {
                 nodes.entry((group.clone(), state_label(state))).or_default();
             }
             *nodes.entry((group, state_label(n.state))).or_default() += 1;

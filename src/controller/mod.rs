@@ -28,6 +28,8 @@ pub mod batch;
 #[cfg(feature = "controller")]
 pub mod drain;
 #[cfg(feature = "controller")]
+pub mod gate;
+#[cfg(feature = "controller")]
 pub mod leader;
 #[cfg(feature = "controller")]
 pub mod live;
@@ -86,6 +88,9 @@ mod observer {
         fn eviction_blocked(&self, pod: &str, node: &str, reason: &str);
         /// A group is kept out of scale-ups for a while.
         fn backoff(&self, group: &str, reason: &str);
+        /// A drain that had evicted pods was given up and `node` kept, uncordoned (a pod still
+        /// there past its capped grace, the drain timeout): an Event and a metric.
+        fn drain_abandoned(&self, _node: &str, _group: &str, _reason: &str) {}
         /// `victim` was evicted from `node` so that the pending `preemptor` fits there.
         fn preempted(&self, _victim: &str, _node: &str, _preemptor: &str, _reason: &str) {}
         /// The reflector caches hold the whole cluster (readiness).
@@ -165,6 +170,9 @@ mod observer {
         fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
             tracing::info!(victim, node, preemptor, reason, "preempted");
         }
+        fn drain_abandoned(&self, node: &str, group: &str, reason: &str) {
+            tracing::warn!(node, group, reason, "drain abandoned; node kept");
+        }
     }
 }
 
@@ -206,6 +214,9 @@ impl Observer for Observers {
     }
     fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
         self.0.iter().for_each(|o| o.preempted(victim, node, preemptor, reason));
+    }
+    fn drain_abandoned(&self, node: &str, group: &str, reason: &str) {
+        self.0.iter().for_each(|o| o.drain_abandoned(node, group, reason));
     }
     fn caches_synced(&self) {
         self.0.iter().for_each(|o| o.caches_synced());

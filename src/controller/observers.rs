@@ -31,6 +31,9 @@ impl Observer for MetricsObserver {
         self.0.scaled_down(group);
     }
     fn eviction_blocked(&self, _pod: &str, _node: &str, _reason: &str) {}
+    fn drain_abandoned(&self, _node: &str, _group: &str, _reason: &str) {
+        self.0.error("drain_abandoned");
+    }
     fn backoff(&self, group: &str, _reason: &str) {
         self.0.backoff(group);
     }
@@ -101,6 +104,9 @@ impl Observer for StatusObserver {
     }
     fn eviction_blocked(&self, pod: &str, node: &str, reason: &str) {
         self.handle.eviction_blocked(pod, node, reason);
+    }
+    fn drain_abandoned(&self, node: &str, group: &str, reason: &str) {
+        self.handle.scale_down_failed(node, group, &format!("drain abandoned, node kept: {reason}"));
     }
     fn backoff(&self, _group: &str, _reason: &str) {
         // The backoff's end is the provider's; the `ScaleUpFailed` event already says why.

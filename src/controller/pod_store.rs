@@ -51,12 +51,19 @@ pub struct PodRecord {
     checkpoint_at: Option<Timestamp>,
     /// Set once the pod is terminating.
     deletion: Option<Deletion>,
+    /// `spec.terminationGracePeriodSeconds`.
+    grace_seconds: Option<u32>,
 }
 
 impl PodRecord {
     /// Converts `pod`; `checkpoint_annotation` is the configured annotation training pods report
     /// their last checkpoint in.
     pub fn new(pod: Pod, checkpoint_annotation: &str) -> Self {
+        let grace_seconds = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .map(|g| g.clamp(0, u32::MAX as i64) as u32);
         let pod = slim_pod(pod);
         let meta = &pod.metadata;
         let annotations = meta.annotations.as_ref();
@@ -78,6 +85,7 @@ impl PodRecord {
                 grace: Duration::from_secs(meta.deletion_grace_period_seconds.unwrap_or(0).max(0) as u64),
             }),
             conversion: PodConversion::new(pod),
+            grace_seconds,
         }
     }
 
@@ -121,6 +129,7 @@ impl PodRecord {
             started_at: self.started_at,
             checkpoint_at: self.checkpoint_at,
             deletion: self.deletion.clone(),
+            grace_seconds: self.grace_seconds,
         }
     }
 }

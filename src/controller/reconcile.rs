@@ -12,6 +12,7 @@ use super::actuate::{ApiError, Eviction, KubeActuator};
 use super::batch::{BatchState, Batcher};
 use super::config::{secs, ControllerConfig};
 use super::drain::{self, DrainOutcome};
+use super::gate;
 use super::leader::{Fence, LeaderElector};
 use super::pod_store::PodStore;
 use super::providers::ProviderSet;
@@ -19,7 +20,7 @@ use super::readiness;
 use super::snapshot::{self, ClusterView};
 use super::Observer;
 use crate::k8s::SnapshotError;
-use crate::model::{ErrorClass, InstanceState, NodeGroup};
+use crate::model::{ErrorClass, NodeGroup};
 use crate::planner::decide::{self, decide, Command, DecideSettings, Observed, Replacing};
 use crate::planner::{self, cluster::group_of, PlacementHints, Plan, PlanInput, PlannerSettings};
 use crate::providers::gang::{prepare_gang, resume_gang, run_gang, GangOutcome, GangRecord, GroupGrowth};
@@ -142,6 +143,10 @@ pub struct ControllerOptions {
     pub dry_run: bool,
     /// Advance simulated clouds by real elapsed time (off when a test harness drives them).
     pub drive_simulated_clock: bool,
+    /// A rule broken on purpose, for the fault-injection suite's proof that its invariants fire
+    /// (`tests/k8s_safety.rs`); no config key or flag reaches it.
+    #[doc(hidden)]
+    pub mutant: gate::Mutant,
 }
 
 /// The in-cluster controller.
@@ -202,6 +207,11 @@ struct DraStores {
 struct LoopState {
     batcher: Batcher,
     first_seen: BTreeMap<String, Timestamp>,
+    /// When each node whose GPUs regressed was first seen unready.
+    unready_since: BTreeMap<String, i64>,
+    /// The Node and Pod caches, for gang rollbacks deciding in the background which instances
+    /// hold other work.
+    cluster: Option<(Store<Node>, PodStore)>,
     /// The decision step's memory (timers; what is under way is re-read from the Nodes).
     decide: decide::LoopState,
     gangs_in_flight: Arc<Mutex<BTreeSet<String>>>,
@@ -588,6 +598,8 @@ impl Controller {
         let mut state = LoopState {
             batcher: Batcher::new(secs(cfg.batch_idle_seconds), secs(cfg.batch_max_seconds)),
             first_seen: BTreeMap::new(),
+            unready_since: BTreeMap::new(),
+            cluster: None,
             decide: decide::LoopState::default(),
             gangs_in_flight: Arc::new(Mutex::new(BTreeSet::new())),
             gangs_resumed: false,
@@ -686,6 +698,7 @@ impl Controller {
         let started = Instant::now();
         let cfg = self.options.config.clone();
         let dry = self.options.dry_run;
+        state.cluster.get_or_insert_with(|| (stores.nodes.clone(), stores.pods.clone()));
         let refreshed = self.providers.refresh().await;
         for (account, error) in &refreshed.failures {
             tracing::warn!(
@@ -694,7 +707,10 @@ impl Controller {
                 "refreshing the account's node groups failed; its groups are left out of this pass"
             );
         }
-        let groups = refreshed.groups;
+        let mut groups = refreshed.groups;
+        if self.options.mutant == gate::Mutant::IgnoreMinimum {
+            groups.iter_mut().for_each(|g| g.min_size = 0);
+        }
         self.observer.groups_refreshed(&groups);
         readiness::track_instances(&mut state.first_seen, &groups, now);
         let pod_groups: Vec<serde_json::Value> = stores
@@ -739,15 +755,18 @@ impl Controller {
             tracing::debug!("{w}");
         }
 
-        // Nodes that are Ready but lack the GPUs their group promises are still in flight.
-        for (node, why) in crate::planner::readiness::mark_in_flight(&mut view.snapshot.nodes, &groups) {
-            tracing::debug!(node, why, "node in flight");
+        // Which nodes are capacity (starting, Ready, unready), judged as `gpuscale plan` does.
+        let lifecycle = cfg.lifecycle_settings(now.as_second(), &self.options.planner.telemetry);
+        for v in crate::planner::readiness::judge_nodes(&mut view.snapshot, &groups, &lifecycle) {
+            tracing::debug!(node = %v.node, state = ?v.state, why = %v.why, "node not Ready capacity");
         }
+        readiness::track_unready(&mut state.unready_since, &mut view.snapshot.nodes, now.as_second());
 
         // Instances whose nodes never came: remove them, back the group off.
         let stuck = readiness::stuck_instances(
             &groups,
             &view.snapshot.nodes,
+            &view.snapshot.workloads,
             &state.first_seen,
             now,
             secs(cfg.registration_timeout_seconds),
@@ -755,10 +774,17 @@ impl Controller {
         let mut busy =
             !view.drains.is_empty() || groups.iter().any(|g| g.instances.len() as u32 != g.target_size);
         if !dry {
+            let mut in_progress = gate::InProgress::of(view.drains.keys(), &view.snapshot.nodes, &groups);
             for s in &stuck {
                 if !self.leading() {
                     return Ok(busy);
                 }
+                let Some(group) = groups.iter().find(|g| g.id == s.group) else { continue };
+                if let Err(why) = gate::may_remove_stuck(group, &in_progress, &cfg) {
+                    tracing::info!(group = %s.group, instance = %s.instance, reason = %s.reason, refused = %why, "not removing an instance whose node did not come");
+                    continue;
+                }
+                in_progress.add(Some(&s.group));
                 self.remove_stuck(s).await;
                 busy = true;
             }
@@ -772,7 +798,11 @@ impl Controller {
             unavailable: self.providers.unavailable(&groups),
             hints: std::mem::take(&mut state.hints),
         };
-        let settings = PlannerSettings { now: Some(now.as_second()), ..self.options.planner.clone() };
+        let settings = PlannerSettings {
+            now: Some(now.as_second()),
+            unready_seconds: cfg.scale_down_unready_seconds,
+            ..self.options.planner.clone()
+        };
         let planning = Instant::now();
         let plan = planner::plan(&input, &settings);
         view.snapshot = std::mem::take(&mut input.snapshot);
@@ -900,7 +930,7 @@ impl Controller {
         let growth = vec![GroupGrowth { group: group.to_string(), to }];
         let timeout = secs(self.options.config.gang_timeout_seconds);
         let record = match prepare_gang(provider, &growth, timeout, now.as_second()).await {
-            Ok(r) => r,
+            Ok(r) => GangRecord { pods: pods.iter().cloned().collect(), ..r },
             Err(e) => {
                 self.observer.scale_up_failed(group, &e.to_string());
                 return;
@@ -925,6 +955,13 @@ impl Controller {
         for (key, record) in records {
             let Some(group) = record.groups.first().map(|g| g.group.clone()) else { continue };
             if state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).contains(&group) {
+                continue;
+            }
+            if record.is_stale(now.as_second()) {
+                // Its gang was decided by a leader whose record removal failed: acting on it now
+                // would remove whatever was launched since.
+                tracing::warn!(%group, started = record.started_unix, "dropping a stale gang record without acting on it");
+                self.actuator.put_gang_record(&ns, &cm, &key, None).await?;
                 continue;
             }
             let deadline = record.started_unix as f64 + record.timeout_seconds;
@@ -955,6 +992,8 @@ impl Controller {
         let (ns, cm) = (self.options.namespace.clone(), self.gang_config_map());
         let poll = Duration::from_secs(2)
             .min(secs(self.options.config.gang_timeout_seconds).max(Duration::from_millis(100)));
+        let cluster = state.cluster.clone();
+        let gang_pods = record.pods.clone();
         tokio::spawn(async move {
             let work = async {
                 // Groups are learnt on refresh; a resumed gang may come before any.
@@ -971,11 +1010,16 @@ impl Controller {
                     let (actuator, ns, cm, key) = (actuator.clone(), ns.clone(), cm.clone(), key.clone());
                     async move { actuator.put_gang_record(&ns, &cm, &key, Some(&r)).await.is_ok() }
                 };
+                // What a rollback may remove, asked of the cluster as it is then.
+                let removable = |instance: &str| match &cluster {
+                    Some((nodes, pods)) => gang_may_remove(instance, nodes, pods, &gang_pods),
+                    None => false,
+                };
+                let sleep = tokio::time::sleep;
                 let outcome = if raise {
-                    run_gang(provider, &record, true, timeout, poll, tokio::time::sleep, may_write, mark)
-                        .await
+                    run_gang(provider, &record, true, timeout, poll, sleep, may_write, mark, removable).await
                 } else {
-                    resume_gang(provider, &record, timeout, poll, tokio::time::sleep, may_write, mark).await
+                    resume_gang(provider, &record, timeout, poll, sleep, may_write, mark, removable).await
                 };
                 match outcome {
                     // Leadership lost (a write refused by the cloud write gate, too): the next
@@ -1056,6 +1100,23 @@ impl Controller {
                     view.replacing.remove(&node);
                 }
                 Command::DrainNode { node, reason } => {
+                    let Some(n) = view.snapshot.nodes.iter().find(|n| n.name == node) else { continue };
+                    if self.options.mutant == gate::Mutant::SkipDrain {
+                        let (pid, group) = (n.provider_id.clone(), gate::member_of(n, groups));
+                        if let (Some(pid), Some(g)) = (pid, group) {
+                            if let Some(provider) = self.providers.provider_of(&groups[g].id) {
+                                let _ = provider.delete_instances(&groups[g].id, &[pid]).await;
+                                self.actuator.delete_node(&node).await?;
+                                self.observer.node_deleted(&node, &groups[g].id);
+                            }
+                        }
+                        continue;
+                    }
+                    let in_progress = gate::InProgress::of(view.drains.keys(), &view.snapshot.nodes, groups);
+                    if let Err(why) = gate::may_drain(n, groups, &in_progress, cfg) {
+                        tracing::info!(%node, %reason, refused = %why, "not draining the node");
+                        continue;
+                    }
                     if self.actuator.start_drain(&node, &reason, now).await? {
                         self.observer.drain_started(&node, &reason);
                         let marks = drain::DrainMarks {
@@ -1072,7 +1133,8 @@ impl Controller {
                         if !self.leading() {
                             return Ok(true);
                         }
-                        self.evict_once(id, &node, state, |e| match e {
+                        let grace = eviction_grace(view, &node, id, cfg);
+                        self.evict_once(id, &node, grace, state, |e| match e {
                             Eviction::Evicted => self.observer.preempted(id, &node, &pod, &reason),
                             Eviction::Refused(message) => self.observer.eviction_blocked(
                                 id,
@@ -1098,7 +1160,8 @@ impl Controller {
                         if !self.leading() {
                             return Ok(true);
                         }
-                        self.evict_once(id, &node, state, |e| match e {
+                        let grace = eviction_grace(view, &node, id, cfg);
+                        self.evict_once(id, &node, grace, state, |e| match e {
                             Eviction::Evicted => tracing::info!(pod = %id, %node, "evicted"),
                             Eviction::Refused(message) => self.observer.eviction_blocked(
                                 id,
@@ -1114,6 +1177,14 @@ impl Controller {
                         DrainOutcome::Abort { reason } => {
                             tracing::info!(%node, %reason, "giving the node back");
                             self.actuator.abort_drain(&node).await?;
+                            // Unneeded for the whole window again before another drain.
+                            state.decide.unneeded_since.remove(&node);
+                            if marks.evicted {
+                                let group = view.snapshot.nodes.iter().find(|n| n.name == node);
+                                let group =
+                                    group.and_then(|n| group_of(n, groups)).map_or("", |g| &groups[g].id);
+                                self.observer.drain_abandoned(&node, group, &reason);
+                            }
                         }
                         DrainOutcome::Finish => self.finish(&node, view, groups).await?,
                     }
@@ -1127,13 +1198,20 @@ impl Controller {
     /// actuator) unless this process evicted it moments ago and its deletion has not reached the
     /// store yet; `outcome` hears how it went. One failed eviction does not hold up the others:
     /// the next pass retries it.
-    async fn evict_once(&self, id: &str, node: &str, state: &mut LoopState, outcome: impl FnOnce(Eviction)) {
+    async fn evict_once(
+        &self,
+        id: &str,
+        node: &str,
+        grace_seconds: u32,
+        state: &mut LoopState,
+        outcome: impl FnOnce(Eviction),
+    ) {
         state.evicted_at.retain(|_, at| at.elapsed() < EVICTION_ECHO_WINDOW);
         if state.evicted_at.contains_key(id) {
             return;
         }
         let (ns, name) = id.split_once('/').unwrap_or(("default", id));
-        match self.actuator.evict(ns, name).await {
+        match self.actuator.evict(ns, name, grace_seconds).await {
             Ok(e) => {
                 if e == Eviction::Evicted {
                     state.evicted_at.insert(id.to_string(), Instant::now());
@@ -1154,24 +1232,31 @@ impl Controller {
         groups: &[NodeGroup],
     ) -> Result<(), ControllerError> {
         let Some(n) = view.snapshot.nodes.iter().find(|n| n.name == node) else { return Ok(()) };
-        let group = group_of(n, groups).map(|g| &groups[g]);
-        let (Some(group), Some(instance)) = (group, n.provider_id.clone()) else {
-            tracing::warn!(node, "drained node has no managed group or provider id; giving it back");
-            self.actuator.abort_drain(node).await?;
-            return Ok(());
-        };
-        let Some(provider) = self.providers.provider_of(&group.id) else { return Ok(()) };
+        let pods = view.pods_by_node.get(node).map(Vec::as_slice).unwrap_or_default();
         // Deleted already (by this process a pass ago, whose Node deletion the store has not shown
         // yet, or by a leader that crashed before deleting the Node): deleting it again would
-        // shrink the group a second time on clouds that decrement on delete.
-        let live = group
-            .instances
-            .iter()
-            .any(|i| i.id == instance && matches!(i.state, InstanceState::Pending | InstanceState::Running));
-        if !live {
+        // shrink the group a second time on clouds that decrement on delete. Its drain started
+        // only on a confirmed member ([`gate::may_drain`]), so an instance no group lists as
+        // running any more is gone: only its Node is left to delete, once its pods are.
+        let gone = gate::member_of(n, groups).is_none();
+        if gone && pods.iter().all(|p| p.terminal || p.is_node_bound()) {
             self.actuator.delete_node(node).await?;
             return Ok(());
         }
+        let others = view.drains.keys().filter(|d| d.as_str() != node);
+        let in_progress = gate::InProgress::of(others, &view.snapshot.nodes, groups);
+        let group = match gate::may_terminate(n, pods, groups, &in_progress) {
+            Ok(g) => &groups[g],
+            Err(why) => {
+                tracing::warn!(node, refused = %why, "not removing the drained node; giving it back");
+                self.actuator.abort_drain(node).await?;
+                let group = group_of(n, groups).map_or("", |g| &groups[g].id);
+                self.observer.drain_abandoned(node, group, &why);
+                return Ok(());
+            }
+        };
+        let Some(instance) = n.provider_id.clone() else { return Ok(()) };
+        let Some(provider) = self.providers.provider_of(&group.id) else { return Ok(()) };
         if !self.leading() {
             return Ok(());
         }
@@ -1185,6 +1270,40 @@ impl Controller {
         self.actuator.delete_node(node).await?;
         self.observer.node_deleted(node, &group.id);
         Ok(())
+    }
+}
+
+/// Whether a gang rollback may remove `instance`: its node never registered, or holds no pod but
+/// the gang's (`gang_pods`), DaemonSet and mirror pods.
+fn gang_may_remove(
+    instance: &str,
+    nodes: &Store<Node>,
+    pods: &PodStore,
+    gang_pods: &BTreeSet<String>,
+) -> bool {
+    let Some(node) = nodes
+        .state()
+        .into_iter()
+        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(instance))
+    else {
+        return true;
+    };
+    let name = node.metadata.name.as_deref();
+    pods.state().iter().all(|r| {
+        let Some(w) = r.conversion.pod().map(|p| &p.workload) else { return true };
+        w.node_name.as_deref() != name
+            || matches!(w.owner, crate::model::OwnerKind::DaemonSet | crate::model::OwnerKind::Node)
+            || gang_pods.contains(r.id())
+    })
+}
+
+/// The grace period pod `id` on `node` is evicted with: its own, capped
+/// ([`drain::PodFacts::eviction_grace`]).
+fn eviction_grace(view: &ClusterView, node: &str, id: &str, cfg: &ControllerConfig) -> u32 {
+    let pods = view.pods_by_node.get(node).map(Vec::as_slice).unwrap_or_default();
+    match pods.iter().find(|p| p.id() == id) {
+        Some(p) => p.eviction_grace(cfg),
+        None => drain::PodFacts::default().eviction_grace(cfg),
     }
 }
 
@@ -1222,7 +1341,7 @@ fn decide_from_marks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ClusterSnapshot, Instance, NodeState, Resources, Workload};
+    use crate::model::{ClusterSnapshot, Instance, InstanceState, NodeState, Resources, Workload};
     use crate::planner::{Replace, ScaleDown};
 
     /// The replay threads the step's own state; the controller re-reads replacements and drains

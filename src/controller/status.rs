@@ -147,13 +147,13 @@ struct Memory {
 /// filter lets one event per object through every 5 minutes once its burst is spent).
 pub const REPEATED_EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// Each group's nodes by state (Ready, Initializing, Upcoming, Deleting), for the status
+/// Each group's nodes by state (Ready, Initializing, Upcoming, Deleting, Unready), for the status
 /// ConfigMaps.
-pub type NodeCounts = BTreeMap<String, [usize; 4]>;
+pub type NodeCounts = BTreeMap<String, [usize; 5]>;
 
 /// Counts the nodes of each of `groups` in `snapshot` by state.
 pub fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup]) -> NodeCounts {
-    let mut counts: NodeCounts = groups.iter().map(|g| (g.id.clone(), [0; 4])).collect();
+    let mut counts: NodeCounts = groups.iter().map(|g| (g.id.clone(), [0; 5])).collect();
     let index = GroupIndex::of(groups);
     for n in &snapshot.nodes {
         let Some(g) = index.group_of(n) else { continue };
@@ -163,6 +163,7 @@ pub fn node_counts(snapshot: &ClusterSnapshot, groups: &[NodeGroup]) -> NodeCoun
             NodeState::Initializing => 1,
             NodeState::Upcoming => 2,
             NodeState::Deleting => 3,
+            NodeState::Unready => 4,
         }] += 1;
     }
     counts
@@ -1011,7 +1012,7 @@ fn group_data(
     plan: &Plan,
     g: &NodeGroup,
     mem: &GroupMemory,
-    counts: Option<[usize; 4]>,
+    counts: Option<[usize; 5]>,
     dry_run: bool,
     now: Timestamp,
 ) -> BTreeMap<String, String> {
@@ -1025,11 +1026,12 @@ fn group_data(
     put("targetSize", g.target_size.to_string());
     put("minSize", g.min_size.to_string());
     put("maxSize", g.max_size.to_string());
-    if let Some([ready, initializing, upcoming, deleting]) = counts {
+    if let Some([ready, initializing, upcoming, deleting, unready]) = counts {
         put("readyNodes", ready.to_string());
         put("initializingNodes", initializing.to_string());
         put("upcomingNodes", upcoming.to_string());
         put("deletingNodes", deleting.to_string());
+        put("unreadyNodes", unready.to_string());
     }
     for (key, value) in [
         ("lastScaleUp", &mem.last_scale_up),
@@ -1131,7 +1133,7 @@ mod tests {
         assert_eq!(turns, 1);
         let queued = handle.latest.lock().unwrap().take().expect("the newest plan waits");
         assert_eq!(queued.plan.unschedulable[0].pod, "ml/p4");
-        assert_eq!(queued.counts, Some(BTreeMap::from([("sim/h100".to_string(), [0; 4])])));
+        assert_eq!(queued.counts, Some(BTreeMap::from([("sim/h100".to_string(), [0; 5])])));
 
         // Taken by the task: the next plan queues a turn again.
         handle.publish_plan(&Plan::default(), &groups, None, false);

@@ -340,6 +340,7 @@ impl Dra {
                 // Its GPUs are published as DRA devices, not as `nvidia.com/gpu`: Ready, and no
                 // device-plugin GPU for `nvidia.com/gpu` pods.
                 n.node.state = crate::model::NodeState::Ready;
+                n.node.lifecycle.gpus_held = None;
                 n.node.gpus.clear();
             }
         }

@@ -7,7 +7,8 @@ use super::quantity;
 use crate::model::mig::{MigGeometry, MigPlacement, MigProfile};
 use crate::model::telemetry::{NodeTelemetry, TELEMETRY_ANNOTATION};
 use crate::model::{
-    GpuCatalog, GpuDevice, GpuMode, GpuTopology, MigInstance, Node, NodeState, Resources, Taint, TaintEffect,
+    GpuCatalog, GpuDevice, GpuMode, GpuTopology, GpusHeld, MigInstance, Node, NodeLifecycle, NodeState,
+    Resources, Taint, TaintEffect,
 };
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -27,14 +28,16 @@ const DELETION_TAINTS: &[&str] = &["ToBeDeletedByClusterAutoscaler", "karpenter.
 
 const HAMI_REGISTER: &str = "hami.io/node-nvidia-register";
 
-/// Taint key that marks a node being drained by gpuscale.
-pub const DISRUPTING_TAINT: &str = "gpuscale.io/disrupting";
+pub use crate::model::DISRUPTING_TAINT;
 /// Annotation: RFC 3339 time a gpuscale drain started.
 pub const DRAIN_STARTED_AT: &str = "gpuscale.io/drain-started-at";
 /// Annotation: `"true"` once a drain attempted an eviction; from then on the drain always finishes.
 pub const DRAIN_EVICTED: &str = "gpuscale.io/drain-evicted";
 /// Annotation: `"true"` when the node was already cordoned before the drain.
 pub const DRAIN_WAS_CORDONED: &str = "gpuscale.io/drain-was-cordoned";
+/// The GPU Operator's label that turns the device plugin off on a node (`"false"`), as on nodes
+/// whose GPUs NVIDIA's DRA driver publishes instead.
+pub const DEVICE_PLUGIN_DEPLOY_LABEL: &str = "nvidia.com/gpu.deploy.device-plugin";
 
 use crate::model::{
     GKE_ACCELERATOR_COUNT_LABEL as GKE_ACCELERATOR_COUNT,
@@ -308,8 +311,8 @@ pub fn convert_node(
         topology.numa = gpus.numa.clone();
     }
 
-    let ready =
-        status.conditions.iter().flatten().find(|c| c.type_ == "Ready").is_some_and(|c| c.status == "True");
+    let ready_condition = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
+    let ready = ready_condition.is_some_and(|c| c.status == "True");
     let mig_reconfiguring = matches!(
         labels.get("nvidia.com/mig.config.state").map(String::as_str),
         Some("pending" | "rebooting")
@@ -326,6 +329,22 @@ pub fn convert_node(
         NodeState::Initializing
     } else {
         NodeState::Ready
+    };
+    let lifecycle = NodeLifecycle {
+        created_at: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+        not_ready: !ready,
+        ready_changed_at: ready_condition
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0.as_second()),
+        gpus_held: if mig_reconfiguring {
+            Some(GpusHeld::MigReconfiguring)
+        } else if gpus.awaiting_device_plugin {
+            Some(GpusHeld::DevicePlugin)
+        } else {
+            None
+        },
+        device_plugin_disabled: labels.get(DEVICE_PLUGIN_DEPLOY_LABEL).is_some_and(|v| v == "false"),
+        unready_since: None,
     };
     let is_true = |key: &str| annotations.get(key).is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let scale_down_disabled = is_true("cluster-autoscaler.kubernetes.io/scale-down-disabled")
@@ -351,6 +370,7 @@ pub fn convert_node(
             provider_id: spec.provider_id.clone(),
             unschedulable,
             state,
+            lifecycle,
             scale_down_disabled,
             telemetry,
             max_pods,

@@ -25,8 +25,9 @@ pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
 pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
 pub use labels::Labels;
 pub use node::{
-    GpuTopology, Node, NodeId, NodeState, Taint, TaintEffect, GKE_ACCELERATOR_COUNT_LABEL,
-    GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL, GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,
+    GpuTopology, GpusHeld, Node, NodeId, NodeLifecycle, NodeState, Taint, TaintEffect, DISRUPTING_TAINT,
+    GKE_ACCELERATOR_COUNT_LABEL, GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL,
+    GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,
 };
 pub use provisioning::{ProvisioningClass, ProvisioningRequest};
 pub use resources::{Resources, GPU_MILLI};

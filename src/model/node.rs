@@ -46,6 +46,55 @@ pub enum NodeState {
     Upcoming,
     /// Marked for deletion or being drained.
     Deleting,
+    /// Registered long ago but not capacity now: NotReady, or Ready while its GPUs regressed
+    /// (device plugin restarting, MIG manager re-partitioning, an unhealthy GPU). Not capacity,
+    /// takes no pending pods, and goes only through the drain path, after the unready time
+    /// (Cluster Autoscaler's `scale-down-unready-time`).
+    Unready,
+}
+
+/// Why a Ready node's GPUs are not (all) advertised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GpusHeld {
+    /// A GPU node whose device plugin advertises no GPUs.
+    DevicePlugin,
+    /// The MIG manager is applying a layout (`nvidia.com/mig.config.state` pending or rebooting).
+    MigReconfiguring,
+}
+
+/// What a Node object says of where the node is in its life: the evidence
+/// [`crate::planner::readiness::judge_nodes`] reads to tell a starting node from an unready one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLifecycle {
+    /// `metadata.creationTimestamp`, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<i64>,
+    /// The Ready condition is not True.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_ready: bool,
+    /// When the Ready condition last changed status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_changed_at: Option<i64>,
+    /// Ready, but its GPUs are held back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_held: Option<GpusHeld>,
+    /// The GPU device plugin is disabled on it (`nvidia.com/gpu.deploy.device-plugin=false`, as
+    /// on nodes whose GPUs NVIDIA's DRA driver publishes): it never advertises `nvidia.com/gpu`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_plugin_disabled: bool,
+    /// Since when it has been unready, where no condition says it (a GPU regression): the
+    /// controller keeps this between passes; a plan of a snapshot does not know it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unready_since: Option<i64>,
+}
+
+impl NodeLifecycle {
+    /// Whether nothing is known (a hand-made node).
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// How a node's GPUs are connected.
@@ -82,6 +131,9 @@ impl GpuTopology {
         Self { numa, nvlink_domain, clique: None }
     }
 }
+
+/// The taint gpuscale puts on a node it drains, once the drain has evicted a pod.
+pub const DISRUPTING_TAINT: &str = "gpuscale.io/disrupting";
 
 /// The label every node carries with its own name (the `kubernetes.io/hostname` topology).
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -141,6 +193,9 @@ pub struct Node {
     /// Lifecycle state.
     #[serde(default)]
     pub state: NodeState,
+    /// The evidence of its state.
+    #[serde(default, skip_serializing_if = "NodeLifecycle::is_empty")]
+    pub lifecycle: NodeLifecycle,
     /// `cluster-autoscaler.kubernetes.io/scale-down-disabled` or `karpenter.sh/do-not-disrupt`.
     #[serde(default)]
     pub scale_down_disabled: bool,

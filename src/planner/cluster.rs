@@ -14,6 +14,9 @@ pub enum Origin {
     Ready,
     /// Registered but booting or waiting for its GPUs (counts as capacity on its way).
     Initializing,
+    /// Registered, but NotReady or its GPUs regressed: not capacity
+    /// ([`crate::planner::readiness`]).
+    Unready,
     /// Requested from the cloud (target size above registered nodes), not registered yet.
     Upcoming,
     /// Added by this plan's scale-up.
@@ -232,6 +235,9 @@ pub fn build<'p>(
                 origin = Origin::Initializing;
             }
         }
+        if node.state == NodeState::Unready {
+            origin = Origin::Unready;
+        }
         if node.state == NodeState::Initializing {
             origin = Origin::Initializing;
             // GPUs (or, on a node registered before its kubelet reported capacity, CPU and
@@ -240,7 +246,12 @@ pub fn build<'p>(
                 if node.allocatable.cpu_milli == 0 && node.allocatable.memory_bytes == 0 {
                     node.allocatable = g.template.allocatable;
                 }
-                if node.gpus.is_empty() && !g.template.gpus.is_empty() {
+                // A node whose device plugin is off gets its GPUs through DRA, never as
+                // `nvidia.com/gpu` (the config's template would count them twice).
+                if node.gpus.is_empty()
+                    && !g.template.gpus.is_empty()
+                    && !node.lifecycle.device_plugin_disabled
+                {
                     node.gpus = g.template.gpus.clone();
                     node.gpu_model = g.template.gpu_model.clone();
                     node.topology = g.template.topology.clone();
@@ -254,9 +265,10 @@ pub fn build<'p>(
         if let Some(g) = group {
             // Matched by provider id alone: name its group, which placement reads as "elastic".
             node.node_group.get_or_insert_with(|| groups[g].name().to_string());
-            if node.state != NodeState::Deleting {
-                registered[g] += 1;
-            }
+            // Every registered node of the group fills a place of its target size, whatever its
+            // state: a node being deleted still holds its instance until the cloud removes it,
+            // and counting it as not there would plan a phantom upcoming node in its place.
+            registered[g] += 1;
         }
         nodes.push(node);
         info.push(NodeInfo { group, origin, pods: Vec::new() });
@@ -327,7 +339,7 @@ pub const TRANSIENT_TAINTS: &[&str] = &[
     "DeletionCandidateOfClusterAutoscaler",
     "karpenter.sh/disrupted",
     "karpenter.sh/disruption",
-    "gpuscale.io/disrupting",
+    crate::model::DISRUPTING_TAINT,
 ];
 
 /// The taints a node has while it comes up and loses when it turns Ready (set by the node

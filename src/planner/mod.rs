@@ -46,6 +46,9 @@ pub struct PlanInput {
     pub hints: PlacementHints,
 }
 
+/// Cluster Autoscaler's `scale-down-unready-time`: 20 minutes.
+pub const DEFAULT_UNREADY_SECONDS: f64 = 1200.0;
+
 /// Planner knobs (the `planner:` section of the config file).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -101,6 +104,11 @@ pub struct PlannerSettings {
     /// newest pod creation time in the snapshot).
     #[serde(skip)]
     pub now: Option<i64>,
+    /// An unready node is a scale-down candidate (through the drain path, only when its pods fit
+    /// elsewhere) after being unready this long: the controller's `scaleDownUnreadySeconds`,
+    /// Cluster Autoscaler's `scale-down-unready-time`, set by the caller.
+    #[serde(skip)]
+    pub unready_seconds: f64,
 }
 
 impl PlannerSettings {
@@ -144,6 +152,7 @@ impl Default for PlannerSettings {
             ignored_taints: Vec::new(),
             default_spread_constraints: Vec::new(),
             now: None,
+            unready_seconds: DEFAULT_UNREADY_SECONDS,
         }
     }
 }
@@ -268,6 +277,16 @@ fn plan_with(
     let target = TargetWorkload::from_workloads(&snapshot.workloads, 0.95);
     let taints = cluster::TaintRules::of(settings);
     let groups = cluster::learn_templates(&input.groups, snapshot, taints);
+    for (configured, learned) in input.groups.iter().zip(&groups) {
+        if !configured.template.gpus.is_empty() && learned.template.gpus.is_empty() {
+            out.warnings.push(format!(
+                "node group {}: the config promises {} device-plugin GPU(s) per node, its Ready nodes advertise none and publish {} DRA device(s) (device plugin off): new nodes are planned as its Ready nodes are",
+                configured.id,
+                configured.template.gpus.len(),
+                learned.template.dra.devices.len()
+            ));
+        }
+    }
     // The nodes there are and one of each group's: what the scale of scores is taken from.
     let scale_nodes = || snapshot.nodes.iter().chain(groups.iter().map(|g| &g.template));
     let policy = settings.policy.build(&ClusterScale::of(scale_nodes()), &target);

@@ -5,6 +5,7 @@ use super::cluster::{members_of, next_node, next_zone, NodeInfo, Origin};
 use super::plan::{Kept, Replace, ScaleDown};
 use super::scale_up::pack_fresh;
 use super::{PlanInput, PlannerSettings};
+use crate::model::telemetry::format_duration;
 use crate::model::{DeviceAssignment, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload, GPU_MILLI};
 use crate::scheduler::{Placement, Placer};
 use std::collections::BTreeMap;
@@ -157,6 +158,32 @@ pub(crate) struct Growth {
 }
 
 /// Plans removals and replacements.
+/// Per group, how many nodes may still go before its min size: nodes already leaving (being
+/// deleted, or drained past their first eviction) count against it, as Cluster Autoscaler's
+/// deletions in progress do, so drains that take long never take a group below its minimum.
+fn removable_per_group(groups: &[NodeGroup], info: &[NodeInfo], nodes: &[Node]) -> Vec<u32> {
+    let mut leaving = vec![0u32; groups.len()];
+    for (node, i) in nodes.iter().zip(info) {
+        let Some(g) = i.group else { continue };
+        if node.state == NodeState::Deleting
+            || node.taints.iter().any(|t| t.key == crate::model::DISRUPTING_TAINT)
+        {
+            leaving[g] += 1;
+        }
+    }
+    groups
+        .iter()
+        .zip(leaving)
+        .map(|(g, l)| g.target_size.saturating_sub(g.min_size).saturating_sub(l))
+        .collect()
+}
+
+/// How long an unready node has been unready, where known.
+fn unready_for(node: &Node, settings: &PlannerSettings) -> Option<f64> {
+    let since = node.lifecycle.unready_since.filter(|_| node.state == NodeState::Unready)?;
+    Some(settings.now?.saturating_sub(since) as f64)
+}
+
 pub(crate) fn plan(
     placer: &mut Placer<'_>,
     info: &mut Vec<NodeInfo>,
@@ -170,15 +197,14 @@ pub(crate) fn plan(
     let mut out = ScaleDowns { scale_downs: Vec::new(), replacements: Vec::new(), kept: Vec::new() };
     let mut budgets: BTreeMap<String, u32> =
         input.snapshot.disruption_budgets.iter().map(|b| (b.id.clone(), b.disruptions_allowed)).collect();
-    let mut removable: Vec<u32> = groups.iter().map(|g| g.target_size.saturating_sub(g.min_size)).collect();
+    let mut removable = removable_per_group(groups, info, placer.nodes());
     let mut removed = vec![false; placer.nodes().len()];
 
     let managed = |n: NodeId, info: &[NodeInfo], nodes: &[Node]| {
         let node = &nodes[n];
-        info[n].origin == Origin::Ready
-            && info[n].group.is_some()
-            && node.state == NodeState::Ready
-            && !node.unschedulable
+        info[n].group.is_some()
+            && ((info[n].origin == Origin::Ready && node.state == NodeState::Ready && !node.unschedulable)
+                || unready_for(node, settings).is_some_and(|s| s >= settings.unready_seconds))
     };
     let mut candidates: Vec<(f64, u64, String, NodeId)> = (0..info.len())
         .filter(|&n| managed(n, info, placer.nodes()))
@@ -250,7 +276,9 @@ pub(crate) fn plan(
                         .filter(|(wi, _)| workloads[*wi].node_name.is_some())
                         .map(|(wi, p)| (workloads[*wi].id.clone(), placer.nodes()[p.node].name.clone()))
                         .collect(),
-                    reason: if moved.is_empty() && util == 0.0 {
+                    reason: if let Some(s) = unready_for(node, settings) {
+                        format!("unready for {}; its pods fit on other nodes", format_duration(s as u64))
+                    } else if moved.is_empty() && util == 0.0 {
                         "empty".to_string()
                     } else if settings.scale_down_utilization >= 1.0 {
                         format!("{what} {:.0}%; its pods fit on other nodes", util * 100.0)

@@ -1,5 +1,9 @@
 //! Atomic gang scale-up: grow every group a gang needs, and if not all new instances are running
-//! within a deadline, roll every one of them back, so a partial gang never keeps billing.
+//! within a deadline, roll them back, so a partial gang never keeps billing. A rollback removes
+//! only instances the caller says hold no other work (never registered, or whose node holds no
+//! pod but the gang's and DaemonSets'): kube-scheduler binds any fitting pod to a gang's early
+//! nodes, and a consolidation or cloud health replacement may land in the group meanwhile; those
+//! instances are kept, and leave, if ever, through the drain path.
 //!
 //! A model-parallel job is useless until all its workers run; Cluster Autoscaler and Karpenter
 //! grow groups independently and leave the launched part of a gang idle when the rest does not
@@ -79,6 +83,18 @@ pub struct GangRecord {
     /// Set once the rollback began: whoever resumes goes straight to it.
     #[serde(default)]
     pub rolling_back: bool,
+    /// The gang's pods (`namespace/name`): a rollback may remove a node running these.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub pods: BTreeSet<String>,
+}
+
+impl GangRecord {
+    /// Whether the record outlived its gang: past its deadline by more than the timeout again,
+    /// its gang was decided by a leader whose record removal failed. Such a record is dropped,
+    /// never acted on (the instances launched since may be anything by now).
+    pub fn is_stale(&self, now_unix: i64) -> bool {
+        now_unix as f64 > self.started_unix as f64 + 2.0 * self.timeout_seconds.max(0.0)
+    }
 }
 
 /// Reads the groups of `growths` once and records how they are before the scale-up.
@@ -102,7 +118,13 @@ pub async fn prepare_gang<P: CloudProvider>(
             existing: group.instances.iter().map(|i| i.id.clone()).collect(),
         });
     }
-    Ok(GangRecord { groups, started_unix, timeout_seconds: timeout.as_secs_f64(), rolling_back: false })
+    Ok(GangRecord {
+        groups,
+        started_unix,
+        timeout_seconds: timeout.as_secs_f64(),
+        rolling_back: false,
+        pods: BTreeSet::new(),
+    })
 }
 
 /// Grows all `growths` together and waits up to `timeout` (polling every `poll` through `sleep`)
@@ -120,13 +142,14 @@ where
     F: Future<Output = ()>,
 {
     let record = prepare_gang(provider, growths, timeout, 0).await?;
-    run_gang(provider, &record, true, timeout, poll, sleep, || true, |_| async { true }).await
+    run_gang(provider, &record, true, timeout, poll, sleep, || true, |_| async { true }, |_: &str| true).await
 }
 
 /// Finishes a gang scale-up another process started from its `record`, with `remaining` of its
 /// timeout left: never raises a target; waits for the new instances, then keeps the gang or
 /// rolls it back. Fenced like [`run_gang`].
-pub async fn resume_gang<P, S, F, W, M, MF>(
+#[allow(clippy::too_many_arguments)]
+pub async fn resume_gang<P, S, F, W, M, MF, R>(
     provider: &P,
     record: &GangRecord,
     remaining: Duration,
@@ -134,6 +157,7 @@ pub async fn resume_gang<P, S, F, W, M, MF>(
     sleep: S,
     may_write: W,
     mark_rolling_back: M,
+    removable: R,
 ) -> Result<GangOutcome, ProviderError>
 where
     P: CloudProvider,
@@ -142,17 +166,19 @@ where
     W: Fn() -> bool,
     M: FnOnce(&GangRecord) -> MF,
     MF: Future<Output = bool>,
+    R: Fn(&str) -> bool,
 {
-    run_gang(provider, record, false, remaining, poll, sleep, may_write, mark_rolling_back).await
+    run_gang(provider, record, false, remaining, poll, sleep, may_write, mark_rolling_back, removable).await
 }
 
 /// Raises every group of `record` to its target (when `raise`), waits up to `timeout` for the new
 /// instances to run, and otherwise rolls back: calls `mark_rolling_back` (which persists the
-/// record with `rolling_back` set; false stops), deletes every new instance and restores the
-/// old targets. `may_write` is asked immediately before every cloud write; once false, nothing
-/// more is written and the outcome is [`GangOutcome::Stopped`].
+/// record with `rolling_back` set; false stops), deletes the new instances `removable` allows
+/// (an instance id: true when it holds no work but the gang's), and lowers each target by what
+/// was not kept, never below the old one. `may_write` is asked immediately before every cloud
+/// write; once false, nothing more is written and the outcome is [`GangOutcome::Stopped`].
 #[allow(clippy::too_many_arguments)]
-pub async fn run_gang<P, S, F, W, M, MF>(
+pub async fn run_gang<P, S, F, W, M, MF, R>(
     provider: &P,
     record: &GangRecord,
     raise: bool,
@@ -161,6 +187,7 @@ pub async fn run_gang<P, S, F, W, M, MF>(
     mut sleep: S,
     may_write: W,
     mark_rolling_back: M,
+    removable: R,
 ) -> Result<GangOutcome, ProviderError>
 where
     P: CloudProvider,
@@ -169,6 +196,7 @@ where
     W: Fn() -> bool,
     M: FnOnce(&GangRecord) -> MF,
     MF: Future<Output = bool>,
+    R: Fn(&str) -> bool,
 {
     let stopped = |before: String| {
         tracing::warn!(%before, "leadership lost: the gang scale-up stops here; the next leader finishes it");
@@ -220,8 +248,9 @@ where
             return stopped("waiting for the gang's instances".into());
         }
     }
-    // Roll back every group: delete what was launched, then restore the target (absolute, so a
-    // group that was never raised is left as it was).
+    // Roll back every group: delete what was launched and holds no other work, then set the
+    // target to the old one plus what was kept (absolute, so a group that was never raised is
+    // left as it was, and the cloud never picks other instances to cut the group down with).
     let reason = failure.unwrap_or_default();
     if !may_write() {
         return stopped("the rollback".into());
@@ -234,23 +263,27 @@ where
     let mut deleted = BTreeMap::new();
     for g in &record.groups {
         let Some(group) = now.iter().find(|x| x.id == g.group) else { continue };
-        let launched: Vec<String> = group
+        let (launched, kept): (Vec<String>, Vec<String>) = group
             .instances
             .iter()
             .filter(|i| !g.existing.contains(&i.id))
             .filter(|i| !matches!(i.state, InstanceState::Terminating | InstanceState::Failed { .. }))
             .map(|i| i.id.clone())
-            .collect();
+            .partition(|id| removable(id));
+        if !kept.is_empty() {
+            tracing::warn!(group = %g.group, ?kept, "gang rollback keeps instances whose nodes run other pods");
+        }
         if !launched.is_empty() {
             if !may_write() {
                 return stopped(format!("deleting {launched:?} of {}", g.group));
             }
             provider.delete_instances(&g.group, &launched).await?;
         }
+        let target = g.old_target + kept.len() as u32;
         if !may_write() {
-            return stopped(format!("restoring {} to {}", g.group, g.old_target));
+            return stopped(format!("restoring {} to {target}", g.group));
         }
-        provider.set_target_size(&g.group, g.old_target).await?;
+        provider.set_target_size(&g.group, target).await?;
         deleted.insert(g.group.clone(), launched);
     }
     Ok(GangOutcome::RolledBack { reason, deleted })

@@ -113,7 +113,9 @@ pub fn check_node(node: &Node, workload: &Workload) -> Result<(), Unfit> {
         };
         workload.tolerations.iter().any(|t| t.tolerates(&taint))
     };
-    if node.state == NodeState::Deleting || (node.unschedulable && !tolerates_cordon()) {
+    if matches!(node.state, NodeState::Deleting | NodeState::Unready)
+        || (node.unschedulable && !tolerates_cordon())
+    {
         return Err(Unfit::NodeUnschedulable);
     }
     if !workload.allowed_on(node) {
@@ -223,7 +225,7 @@ pub fn replay(node: &Node, gpu: &GpuDemand) -> Result<DeviceAssignment, Unfit> {
         }],
         ..Default::default()
     };
-    if node.unschedulable || node.state == NodeState::Deleting {
+    if node.unschedulable || matches!(node.state, NodeState::Deleting | NodeState::Unready) {
         let mut n = node.clone();
         n.unschedulable = false;
         n.state = NodeState::Ready;

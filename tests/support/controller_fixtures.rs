@@ -137,6 +137,19 @@ pub fn spawn_replica(
     planner: PlannerSettings,
     dry_run: bool,
 ) -> Replica {
+    spawn_mutant(client, cloud, identity, config, planner, dry_run, Default::default())
+}
+
+/// [`spawn_replica`] with one of the gate's rules broken on purpose (the safety suite's mutants).
+pub fn spawn_mutant(
+    client: kube::Client,
+    cloud: Arc<SimulatedCloud>,
+    identity: &str,
+    config: ControllerConfig,
+    planner: PlannerSettings,
+    dry_run: bool,
+    mutant: gpuscale::controller::gate::Mutant,
+) -> Replica {
     let providers = Arc::new(ProviderSet::from_simulated(vec![cloud]));
     let recorder = Arc::new(Recorder::default());
     let options = ControllerOptions {
@@ -146,6 +159,7 @@ pub fn spawn_replica(
         namespace: LEASE_NAMESPACE.to_string(),
         dry_run,
         drive_simulated_clock: false,
+        mutant,
     };
     let (status, _status_task) =
         gpuscale::controller::status::StatusPublisher::new(client.clone(), LEASE_NAMESPACE, identity).spawn();
@@ -268,5 +282,8 @@ impl Observer for Recorder {
     }
     fn preempted(&self, victim: &str, node: &str, preemptor: &str, reason: &str) {
         self.push(format!("preempted: {victim} {node} {preemptor} {reason}"));
+    }
+    fn drain_abandoned(&self, node: &str, group: &str, reason: &str) {
+        self.push(format!("drain_abandoned: {node} {group} {reason}"));
     }
 }

@@ -58,6 +58,9 @@ pub struct KubeCluster {
     registered: Mutex<BTreeMap<String, (String, Instant, bool)>>,
     /// The chart's controller ClusterRole and Role names, once applied.
     chart_roles: Mutex<Option<(String, String)>>,
+    /// Pods the pod garbage collector removed because their node was gone, other than DaemonSet
+    /// and mirror pods: work destroyed without a drain (`namespace/name on node`).
+    pub killed: Mutex<Vec<String>>,
 }
 
 fn lp() -> ListParams {
@@ -114,6 +117,7 @@ impl KubeCluster {
             register: AtomicBool::new(true),
             registered: Mutex::new(BTreeMap::new()),
             chart_roles: Mutex::new(None),
+            killed: Mutex::new(Vec::new()),
         })
     }
 
@@ -351,6 +355,23 @@ impl KubeCluster {
             let orphan = node.as_ref().is_some_and(|n| !nodes.contains(n));
             let expired = pod.metadata.deletion_timestamp.as_ref().is_some_and(|t| t.0 <= now);
             if orphan || expired {
+                let node_bound = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+                    || pod
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.kind == "DaemonSet" || o.kind == "Node");
+                if orphan && !node_bound {
+                    self.killed
+                        .lock()
+                        .unwrap()
+                        .push(format!("{ns}/{name} on {}", node.clone().unwrap_or_default()));
+                }
                 match api.delete(&name, &DeleteParams::default().grace_period(0)).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -500,8 +521,20 @@ impl KubeCluster {
         planner: PlannerSettings,
         dry_run: bool,
     ) -> Replica {
+        self.mutant_controller(identity, config, planner, dry_run, Default::default()).await
+    }
+
+    /// [`KubeCluster::controller`] with one of the gate's rules broken on purpose.
+    pub async fn mutant_controller(
+        &self,
+        identity: &str,
+        config: ControllerConfig,
+        planner: PlannerSettings,
+        dry_run: bool,
+        mutant: gpuscale::controller::gate::Mutant,
+    ) -> Replica {
         let client = self.controller_client(identity, true).await;
-        spawn_replica(client, self.cloud.clone(), identity, config, planner, dry_run)
+        spawn_mutant(client, self.cloud.clone(), identity, config, planner, dry_run, mutant)
     }
 
     /// Starts a controller replica like [`KubeCluster::controller`] whose API connection goes to
