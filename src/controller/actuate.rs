@@ -1,4 +1,5 @@
-//! The controller's writes to the API server: drain marks on Nodes, evictions, Node deletion.
+//! The controller's writes to the API server: drain marks on Nodes, evictions, preemptors'
+//! nominated nodes, Node deletion.
 //!
 //! Node updates read the Node, change it and write it back with the `resourceVersion` read
 //! (HTTP PUT), retrying on 409 Conflict, so concurrent changes by the kubelet or an operator are
@@ -294,9 +295,21 @@ impl KubeActuator {
 
     /// Evicts a pod through the Eviction API (which enforces PodDisruptionBudgets).
     pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, ApiError> {
+        self.eviction(namespace, name, false).await
+    }
+
+    /// What [`Self::evict`] would answer now, asked as a dry run (`dryRun: All`): the API server
+    /// checks the budgets and changes nothing.
+    pub async fn evict_dry_run(&self, namespace: &str, name: &str) -> Result<Eviction, ApiError> {
+        self.eviction(namespace, name, true).await
+    }
+
+    async fn eviction(&self, namespace: &str, name: &str, dry_run: bool) -> Result<Eviction, ApiError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params =
+            EvictParams { post_options: PostParams { dry_run, ..Default::default() }, ..Default::default() };
         self.fenced("evict", || format!("Pod {namespace}/{name}"))?;
-        match api.evict(name, &EvictParams::default()).await {
+        match api.evict(name, &params).await {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message.clone())),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
@@ -305,6 +318,21 @@ impl KubeActuator {
                 object: format!("Pod {namespace}/{name}"),
                 cause: ApiCause::Kube(cause),
             }),
+        }
+    }
+
+    /// Sets a pending pod's `status.nominatedNodeName` to the node a preemption makes room on,
+    /// as kube-scheduler does: it tells the scheduler, operators and later passes where its
+    /// victims went from. `Ok(false)` when the pod is gone.
+    pub async fn nominate(&self, namespace: &str, name: &str, node: &str) -> Result<bool, ApiError> {
+        let object = || format!("Pod {namespace}/{name}");
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({"status": {"nominatedNodeName": node}});
+        self.fenced("patch", object)?;
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(true),
+            Err(e) if status_code(&e) == Some(404) => Ok(false),
+            Err(cause) => Err(ApiError { op: "patch", object: object(), cause: ApiCause::Kube(cause) }),
         }
     }
 
