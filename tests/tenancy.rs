@@ -311,27 +311,37 @@ fn preemption_chooses_only_victims_their_budgets_let_go() {
     assert_eq!(victims, vec!["t/r1", "t/r3"], "{}", p.to_table());
 }
 
-/// A bare pod would be lost for good, and a pod of no configured tenant is unmanaged: neither is
-/// anybody's victim, not even an untenanted pod's of higher priority.
-#[test]
-fn preemption_never_evicts_a_bare_pod_or_an_unmanaged_one() {
-    let cfg =
-        tenancy("tenants: [{name: t, match: {namespaces: [t]}, quotas: {gpu-equivalent: {nominal: 64}}}]");
-    let build = |ns: &str, g: &mut Vec<NodeGroup>| {
-        let nodes = vec![node_of(g, "h100-a", "n1")];
-        let mut workloads: Vec<Workload> =
-            (0..4).map(|i| running(&format!("{ns}/r{i}"), 2, "n1", 600 * (i + 1))).collect();
-        workloads[0].owner = OwnerKind::None; // the cheapest victim, were it not bare
-        workloads.push(Workload { priority: 1000, ..pod(&format!("{ns}/urgent"), 2) });
-        ClusterSnapshot { nodes, workloads, ..Default::default() }
-    };
+/// One full node of four 2-GPU pods of namespace `ns` (the cheapest, r0, a bare pod) and a
+/// pending 2-GPU pod of higher priority; the group cannot grow.
+fn full_node_and_an_urgent_pod(ns: &str) -> (ClusterSnapshot, Vec<NodeGroup>) {
     let mut g = set_max(only(groups(), &["h100-a"]), "h100-a", 1);
-    let p = plan(build("t", &mut g), g, Some(cfg.clone()));
+    let nodes = vec![node_of(&mut g, "h100-a", "n1")];
+    let mut workloads: Vec<Workload> =
+        (0..4).map(|i| running(&format!("{ns}/r{i}"), 2, "n1", 600 * (i + 1))).collect();
+    workloads[0].owner = OwnerKind::None;
+    workloads.push(Workload { priority: 1000, ..pod(&format!("{ns}/urgent"), 2) });
+    (ClusterSnapshot { nodes, workloads, ..Default::default() }, g)
+}
+
+const ONE_TENANT: &str =
+    "tenants: [{name: t, match: {namespaces: [t]}, quotas: {gpu-equivalent: {nominal: 64}}}]";
+
+/// A bare pod would be lost for good: it is nobody's victim, however cheap.
+#[test]
+fn preemption_never_evicts_a_bare_pod() {
+    let (snapshot, g) = full_node_and_an_urgent_pod("t");
+    let p = plan(snapshot, g, Some(tenancy(ONE_TENANT)));
     assert_eq!(p.preemptions.len(), 1, "{}", p.to_table());
     assert_eq!(p.preemptions[0].victims, vec!["t/r1".to_string()], "{}", p.to_table());
+}
+
+/// A pod of no configured tenant is unmanaged: not even an untenanted pod of higher priority
+/// evicts it.
+#[test]
+fn preemption_never_evicts_an_unmanaged_pod() {
     // Namespace x has no tenant.
-    let mut g = set_max(only(groups(), &["h100-a"]), "h100-a", 1);
-    let p = plan(build("x", &mut g), g, Some(cfg));
+    let (snapshot, g) = full_node_and_an_urgent_pod("x");
+    let p = plan(snapshot, g, Some(tenancy(ONE_TENANT)));
     assert!(p.preemptions.is_empty(), "{}", p.to_table());
 }
 
