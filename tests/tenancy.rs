@@ -2,8 +2,8 @@
 //! borrowing, all-or-nothing gangs, topology domains, budget caps, preemption vs scale-up.
 
 use gpuscale::model::{
-    ClusterSnapshot, GpuDemand, Node, NodeGroup, NodeState, OwnerKind, Resources, Toleration,
-    TolerationOperator, Workload,
+    ClusterSnapshot, DisruptionBudget, GpuDemand, LabelSelector, Node, NodeGroup, NodeState, OwnerKind,
+    Resources, Toleration, TolerationOperator, Workload,
 };
 use gpuscale::planner::{self, Plan, PlanInput, PlannerSettings};
 use gpuscale::providers::config;
@@ -268,6 +268,81 @@ fn preemption_evicts_the_cheapest_low_priority_pods_unless_a_scale_up_is_cheaper
     assert!(p.preemptions.is_empty(), "{}", p.to_table());
     assert_eq!(p.scale_ups.len(), 1);
     assert_eq!(p.scale_ups[0].group, "c/l4");
+}
+
+/// Victims are chosen within their PodDisruptionBudgets, counting the victims of every
+/// preemption of the plan: the Eviction API would refuse the others, and the claimant would
+/// never fit.
+#[test]
+fn preemption_chooses_only_victims_their_budgets_let_go() {
+    let cfg =
+        tenancy("tenants: [{name: t, match: {namespaces: [t]}, quotas: {gpu-equivalent: {nominal: 64}}}]");
+    // One full node and no room to grow: only evictions make room.
+    let mut g = set_max(only(groups(), &["h100-a"]), "h100-a", 1);
+    let nodes = vec![node_of(&mut g, "h100-a", "n1")];
+    // Cheapest first: r0 (its budget allows nothing), r1 and r2 (one budget allowing one), r3.
+    let mut workloads: Vec<Workload> = (0..4)
+        .map(|i| {
+            let mut w = running(&format!("t/r{i}"), 2, "n1", 600 * (i + 1));
+            w.labels.insert("app".into(), ["zero", "one", "one", "free"][i as usize].into());
+            w
+        })
+        .collect();
+    workloads.extend((0..2).map(|i| Workload { priority: 1000, ..pod(&format!("t/urgent-{i}"), 2) }));
+    let budget = |app: &str, allowed| DisruptionBudget {
+        id: format!("t/{app}"),
+        namespace: "t".into(),
+        selector: LabelSelector {
+            match_labels: [("app".to_string(), app.to_string())].into(),
+            ..Default::default()
+        },
+        disruptions_allowed: allowed,
+    };
+    let snapshot = ClusterSnapshot {
+        nodes,
+        workloads,
+        disruption_budgets: vec![budget("zero", 0), budget("one", 1)],
+        ..Default::default()
+    };
+    let p = plan(snapshot, g, Some(cfg));
+    let mut victims: Vec<&str> =
+        p.preemptions.iter().flat_map(|x| x.victims.iter().map(String::as_str)).collect();
+    victims.sort();
+    assert_eq!(victims, vec!["t/r1", "t/r3"], "{}", p.to_table());
+}
+
+/// One full node of four 2-GPU pods of namespace `ns` (the cheapest, r0, a bare pod) and a
+/// pending 2-GPU pod of higher priority; the group cannot grow.
+fn full_node_and_an_urgent_pod(ns: &str) -> (ClusterSnapshot, Vec<NodeGroup>) {
+    let mut g = set_max(only(groups(), &["h100-a"]), "h100-a", 1);
+    let nodes = vec![node_of(&mut g, "h100-a", "n1")];
+    let mut workloads: Vec<Workload> =
+        (0..4).map(|i| running(&format!("{ns}/r{i}"), 2, "n1", 600 * (i + 1))).collect();
+    workloads[0].owner = OwnerKind::None;
+    workloads.push(Workload { priority: 1000, ..pod(&format!("{ns}/urgent"), 2) });
+    (ClusterSnapshot { nodes, workloads, ..Default::default() }, g)
+}
+
+const ONE_TENANT: &str =
+    "tenants: [{name: t, match: {namespaces: [t]}, quotas: {gpu-equivalent: {nominal: 64}}}]";
+
+/// A bare pod would be lost for good: it is nobody's victim, however cheap.
+#[test]
+fn preemption_never_evicts_a_bare_pod() {
+    let (snapshot, g) = full_node_and_an_urgent_pod("t");
+    let p = plan(snapshot, g, Some(tenancy(ONE_TENANT)));
+    assert_eq!(p.preemptions.len(), 1, "{}", p.to_table());
+    assert_eq!(p.preemptions[0].victims, vec!["t/r1".to_string()], "{}", p.to_table());
+}
+
+/// A pod of no configured tenant is unmanaged: not even an untenanted pod of higher priority
+/// evicts it.
+#[test]
+fn preemption_never_evicts_an_unmanaged_pod() {
+    // Namespace x has no tenant.
+    let (snapshot, g) = full_node_and_an_urgent_pod("x");
+    let p = plan(snapshot, g, Some(tenancy(ONE_TENANT)));
+    assert!(p.preemptions.is_empty(), "{}", p.to_table());
 }
 
 #[test]

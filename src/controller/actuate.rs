@@ -1,4 +1,5 @@
-//! The controller's writes to the API server: drain marks on Nodes, evictions, Node deletion.
+//! The controller's writes to the API server: drain marks on Nodes, evictions, preemptors'
+//! nominated nodes, Node deletion.
 //!
 //! Node updates read the Node, change it and write it back with the `resourceVersion` read
 //! (HTTP PUT), retrying on 409 Conflict, so concurrent changes by the kubelet or an operator are
@@ -295,18 +296,37 @@ impl KubeActuator {
     /// Evicts a pod through the Eviction API (which enforces PodDisruptionBudgets), asking for
     /// `grace_seconds` of graceful termination (the pod's own, capped by the caller).
     pub async fn evict(&self, namespace: &str, name: &str, grace_seconds: u32) -> Result<Eviction, ApiError> {
+        self.eviction(namespace, name, Some(grace_seconds), false).await
+    }
+
+    /// What [`Self::evict`] would answer now, asked as a dry run (`dryRun: All`): the API server
+    /// checks the budgets and changes nothing.
+    pub async fn evict_dry_run(&self, namespace: &str, name: &str) -> Result<Eviction, ApiError> {
+        self.eviction(namespace, name, None, true).await
+    }
+
+    async fn eviction(
+        &self,
+        namespace: &str,
+        name: &str,
+        grace_seconds: Option<u32>,
+        dry_run: bool,
+    ) -> Result<Eviction, ApiError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         self.fenced("evict", || format!("Pod {namespace}/{name}"))?;
         // Posted as its own body: kube 5's `Api::evict` writes the options as `delete_options`,
         // which the API server ignores, so every eviction would keep the pod's full grace period.
-        let eviction = serde_json::json!({
+        let mut eviction = serde_json::json!({
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
-            "deleteOptions": {"gracePeriodSeconds": grace_seconds},
         });
+        if let Some(g) = grace_seconds {
+            eviction["deleteOptions"] = serde_json::json!({"gracePeriodSeconds": g});
+        }
+        let params = PostParams { dry_run, ..Default::default() };
         let posted: Result<serde_json::Value, _> =
-            api.create_subresource("eviction", name, &PostParams::default(), &eviction).await;
+            api.create_subresource("eviction", name, &params, &eviction).await;
         match posted {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(s)) if s.code == 429 => Ok(Eviction::Refused(s.message.clone())),
@@ -316,6 +336,21 @@ impl KubeActuator {
                 object: format!("Pod {namespace}/{name}"),
                 cause: ApiCause::Kube(cause),
             }),
+        }
+    }
+
+    /// Sets a pending pod's `status.nominatedNodeName` to the node a preemption makes room on,
+    /// as kube-scheduler does: it tells the scheduler, operators and later passes where its
+    /// victims went from. `Ok(false)` when the pod is gone.
+    pub async fn nominate(&self, namespace: &str, name: &str, node: &str) -> Result<bool, ApiError> {
+        let object = || format!("Pod {namespace}/{name}");
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({"status": {"nominatedNodeName": node}});
+        self.fenced("patch", object)?;
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(true),
+            Err(e) if status_code(&e) == Some(404) => Ok(false),
+            Err(cause) => Err(ApiError { op: "patch", object: object(), cause: ApiCause::Kube(cause) }),
         }
     }
 

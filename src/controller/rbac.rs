@@ -26,11 +26,14 @@ const fn rule(
 
 /// What the controller needs cluster-wide (ClusterRole): watch nodes, pods, PDBs, pod groups, DRA
 /// objects, ProvisioningRequests and PodTemplates; cordon (patch) and delete nodes; evict pods;
+/// nominate preemptors' nodes (pod status);
 /// answer ProvisioningRequests (status); record events in both event APIs.
 pub const CONTROLLER_CLUSTER_RULES: &[Rule] = &[
     rule(&[""], &["nodes"], &["get", "list", "watch", "update", "delete"]),
     rule(&[""], &["pods"], &["get", "list", "watch"]),
     rule(&[""], &["pods/eviction"], &["create"]),
+    // A preemptor's `status.nominatedNodeName`.
+    rule(&[""], &["pods/status"], &["patch"]),
     rule(&["policy"], &["poddisruptionbudgets"], &["list", "watch"]),
     rule(&[""], &["persistentvolumeclaims", "persistentvolumes"], &["list", "watch"]),
     rule(&["storage.k8s.io"], &["storageclasses"], &["list", "watch"]),

@@ -18,6 +18,7 @@ use super::pod_store::PodStore;
 use super::providers::ProviderSet;
 use super::readiness;
 use super::snapshot::{self, ClusterView};
+use super::status::split_pod;
 use super::Observer;
 use crate::k8s::SnapshotError;
 use crate::model::{ErrorClass, NodeGroup};
@@ -1129,21 +1130,8 @@ impl Controller {
                     }
                 }
                 Command::Preempt { pod, node, victims, reason } => {
-                    for id in &victims {
-                        if !self.leading() {
-                            return Ok(true);
-                        }
-                        let grace = eviction_grace(view, &node, id, cfg);
-                        self.evict_once(id, &node, grace, state, |e| match e {
-                            Eviction::Evicted => self.observer.preempted(id, &node, &pod, &reason),
-                            Eviction::Refused(message) => self.observer.eviction_blocked(
-                                id,
-                                &node,
-                                &format!("preemption for {pod} refused (429), retrying later: {message}"),
-                            ),
-                            Eviction::Gone => {}
-                        })
-                        .await;
+                    if !self.preempt(&pod, &node, &victims, &reason, view, state).await {
+                        return Ok(true);
                     }
                 }
                 Command::AdvanceDrain { node, wanted } => {
@@ -1192,6 +1180,66 @@ impl Controller {
             }
         }
         Ok(!view.drains.is_empty() || !view.replacing.is_empty() || !state.decide.unneeded_since.is_empty())
+    }
+
+    /// Carries out a preemption all or nothing: each victim's eviction is first asked as a dry
+    /// run, and if the API would refuse one (a PodDisruptionBudget, an error) none is evicted:
+    /// with only some gone the claimant would not fit, and the next plan would evict others for
+    /// it. Then the claimant is nominated to the node, as kube-scheduler does, before its victims
+    /// are evicted: while they terminate, the decision step evicts nothing more for it, in this
+    /// process or the next leader. False when leadership was lost.
+    async fn preempt(
+        &self,
+        pod: &str,
+        node: &str,
+        victims: &[String],
+        reason: &str,
+        view: &ClusterView,
+        state: &mut LoopState,
+    ) -> bool {
+        for id in victims {
+            if !self.leading() {
+                return false;
+            }
+            let (ns, name) = split_pod(id);
+            let refused = match self.actuator.evict_dry_run(ns, name).await {
+                Ok(Eviction::Evicted | Eviction::Gone) => continue,
+                Ok(Eviction::Refused(message)) => format!("would be refused (429): {message}"),
+                Err(e) if e.is_not_leading() => return false,
+                Err(e) => format!("failed its dry run: {e}"),
+            };
+            let n = victims.len();
+            let why = format!("preemption for {pod} {refused}; none of its {n} victim(s) evicted");
+            self.observer.eviction_blocked(id, node, &why);
+            return true;
+        }
+        let (ns, name) = split_pod(pod);
+        match self.actuator.nominate(ns, name, node).await {
+            Ok(true) => {}
+            Ok(false) => return true, // the claimant is gone: nothing to make room for
+            Err(e) if e.is_not_leading() => return false,
+            Err(e) => {
+                tracing::warn!(pod, node, error = %e, "nominating the preemptor failed; retrying at the next pass");
+                return true;
+            }
+        }
+        for id in victims {
+            if !self.leading() {
+                return false;
+            }
+            let grace = eviction_grace(view, node, id, &self.options.config);
+            self.evict_once(id, node, grace, state, |e| match e {
+                Eviction::Evicted => self.observer.preempted(id, node, pod, reason),
+                Eviction::Refused(message) => self.observer.eviction_blocked(
+                    id,
+                    node,
+                    &format!("preemption for {pod} refused (429) after its dry run passed: {message}"),
+                ),
+                Eviction::Gone => {}
+            })
+            .await;
+        }
+        true
     }
 
     /// Evicts pod `id` (`namespace/name`) from `node` through the Eviction API (fenced by the

@@ -258,7 +258,7 @@ fn usd(micro: u64) -> String {
 }
 
 /// `namespace/name` → (namespace, name); a bare name is in `default`.
-fn split_pod(pod: &str) -> (&str, &str) {
+pub(super) fn split_pod(pod: &str) -> (&str, &str) {
     pod.split_once('/').unwrap_or(("default", pod))
 }
 

@@ -844,6 +844,11 @@ pub fn convert_pod(
             .or_else(|| annotations.get(crate::model::provisioning::CONSUME_ANNOTATION_LEGACY))
             .map(|r| format!("{namespace}/{r}")),
         terminating: meta.deletion_timestamp.is_some(),
+        nominated_node: k
+            .status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.clone())
+            .filter(|n| !n.is_empty()),
     };
     Ok(Some(ConvertedPod { workload, gpu_uuids, gpumem_percentage }))
 }

@@ -117,6 +117,7 @@ struct ContainerIn {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct PodStatusIn {
+    nominated_node_name: Option<String>,
     phase: Option<String>,
     resource_claim_statuses: Option<Vec<k8s::PodResourceClaimStatus>>,
     /// Not read by the conversion; the controller's training protection counts runtime from it.
@@ -157,6 +158,7 @@ impl From<PodIn> for k8s::Pod {
                 ..k8s::PodSpec::default()
             }),
             status: p.status.map(|s| k8s::PodStatus {
+                nominated_node_name: s.nominated_node_name,
                 phase: s.phase,
                 resource_claim_statuses: s.resource_claim_statuses,
                 start_time: s.start_time,
@@ -228,6 +230,7 @@ pub fn slim_pod(pod: k8s::Pod) -> k8s::Pod {
             volumes: s.volumes.map(|v| v.into_iter().filter(places_the_pod).collect()),
         }),
         status: pod.status.map(|s| PodStatusIn {
+            nominated_node_name: s.nominated_node_name,
             phase: s.phase,
             resource_claim_statuses: s.resource_claim_statuses,
             start_time: s.start_time,

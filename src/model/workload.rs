@@ -214,6 +214,11 @@ pub struct Workload {
     /// (kube-scheduler's rule for nominated nodes with terminating pods).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub terminating: bool,
+    /// `status.nominatedNodeName`: where a preemption made room for the pending pod. While pods
+    /// terminate there, nothing more is evicted for it (kube-scheduler's
+    /// `PodEligibleToPreemptOthers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nominated_node: Option<String>,
 }
 
 /// Node labels a PersistentVolume's zone and region are read from (VolumeZone's list).

@@ -184,12 +184,20 @@ pub fn decide(
 
     // Preemptions. One onto a node where a pod is still terminating waits for it: that pod may
     // be an earlier preemption's victim whose room is not free yet, and evicting more now would
-    // evict twice for one pod (kube-scheduler's `PodEligibleToPreemptOthers`). Nothing to
-    // remember: a restart or a new leader sees the same terminating pods.
+    // evict twice for one pod (kube-scheduler's `PodEligibleToPreemptOthers`). So does one for a
+    // claimant nominated to a node where pods still terminate, wherever this plan puts it: its
+    // last victims have not gone yet. Nothing to remember: a restart or a new leader sees the
+    // same terminating pods and nominations.
     let terminating: BTreeSet<&str> =
         snapshot.workloads.iter().filter(|w| w.terminating).filter_map(|w| w.node_name.as_deref()).collect();
+    let waiting: BTreeSet<&str> = snapshot
+        .workloads
+        .iter()
+        .filter(|w| w.nominated_node.as_deref().is_some_and(|n| terminating.contains(n)))
+        .map(|w| w.id.as_str())
+        .collect();
     for p in &plan.preemptions {
-        if terminating.contains(p.node.as_str()) {
+        if terminating.contains(p.node.as_str()) || waiting.contains(p.pod.as_str()) {
             continue;
         }
         out.push(Command::Preempt {
@@ -567,6 +575,38 @@ mod tests {
         snapshot.workloads.push(Workload {
             id: "default/going".into(),
             node_name: Some("dear-1".into()),
+            terminating: true,
+            ..Default::default()
+        });
+        let (commands, _) = script(&[(0, plan.clone()), (10, plan)], &snapshot, &groups);
+        assert!(commands.is_empty(), "{commands:?}");
+    }
+
+    /// A claimant whose victims still terminate on the node it is nominated to evicts nothing
+    /// more, even where this plan would put it instead; once they are gone it may again.
+    #[test]
+    fn a_claimant_nominated_where_pods_terminate_evicts_nothing_more() {
+        let (mut snapshot, groups) = world(&["cheap-1"]);
+        snapshot.workloads.push(Workload {
+            id: "ml/claim".into(),
+            nominated_node: Some("cheap-1".into()),
+            ..Default::default()
+        });
+        let plan = Plan {
+            preemptions: vec![crate::planner::Preempt {
+                pod: "ml/claim".into(),
+                node: "dear-1".into(),
+                victims: vec!["default/p".into()],
+                reason: "reclaim".into(),
+                alternative_cost: None,
+            }],
+            ..Default::default()
+        };
+        let (commands, _) = script(&[(0, plan.clone())], &snapshot, &groups);
+        assert_eq!(commands.len(), 1, "nothing terminates on cheap-1: {commands:?}");
+        snapshot.workloads.push(Workload {
+            id: "default/victim".into(),
+            node_name: Some("cheap-1".into()),
             terminating: true,
             ..Default::default()
         });

@@ -132,6 +132,7 @@ impl Verdict {
                     self.node, self.why
                 )
             }
+            NodeState::Deleting => format!("Node {}: being deleted ({}); not capacity", self.node, self.why),
             _ => format!("Node {}: starting ({}); counted as capacity on its way", self.node, self.why),
         }
     }
@@ -224,6 +225,12 @@ pub fn judge_nodes(
     let mut verdicts = Vec::new();
     let mut judged = Vec::with_capacity(snapshot.nodes.len());
     for node in &snapshot.nodes {
+        if node.state == NodeState::Deleting {
+            let on = |w: &&crate::model::Workload| w.node_name.as_deref() == Some(node.name.as_str());
+            let pods = snapshot.workloads.iter().filter(on).count();
+            let why = format!("deletionTimestamp or a deletion taint; {pods} pod(s) on it");
+            verdicts.push(Verdict { node: node.name.clone(), state: NodeState::Deleting, why });
+        }
         if !matches!(node.state, NodeState::Ready | NodeState::Initializing) {
             judged.push(None);
             continue;

@@ -39,6 +39,9 @@ pub(crate) struct Gate {
     /// The running pods preemption chooses from, built at the first search and again after each
     /// eviction planned (nothing else changes them within a plan).
     running: Option<Vec<RunningPod>>,
+    /// Evictions each PodDisruptionBudget of the snapshot still allows after the preemptions
+    /// planned so far, so that no two sets of one plan together exceed a budget.
+    disruptions: Vec<u32>,
 }
 
 impl Gate {
@@ -84,6 +87,7 @@ impl Gate {
             payers,
             fruitless: HashSet::new(),
             running: None,
+            disruptions: snapshot.disruption_budgets.iter().map(|b| b.disruptions_allowed).collect(),
         }
     }
 
@@ -258,8 +262,9 @@ impl Gate {
         &self,
         placer: &Placer<'_>,
         info: &[NodeInfo],
-        workloads: &[Workload],
+        snapshot: &ClusterSnapshot,
     ) -> Vec<RunningPod> {
+        let workloads = &snapshot.workloads;
         let mut running = Vec::new();
         for (n, node_info) in info.iter().enumerate() {
             if node_info.origin != Origin::Ready {
@@ -283,9 +288,14 @@ impl Gate {
                     devices: devices.clone(),
                     usage,
                     lost_gpu_seconds: gpus * ran,
+                    // A bare pod would be lost for good, as drains judge it.
                     evictable: p.eviction_blocked.is_none()
                         && !p.terminating
-                        && !matches!(p.owner, OwnerKind::DaemonSet | OwnerKind::Node),
+                        && !matches!(p.owner, OwnerKind::DaemonSet | OwnerKind::Node | OwnerKind::None),
+                    budgets: (snapshot.disruption_budgets.iter().enumerate())
+                        .filter(|(_, b)| b.covers(p))
+                        .map(|(i, _)| i)
+                        .collect(),
                 });
             }
         }
@@ -306,7 +316,7 @@ impl Gate {
         let wi = unit.pods[0];
         let w = &workloads[wi];
         if self.running.is_none() {
-            self.running = Some(self.running_pods(placer, info, workloads));
+            self.running = Some(self.running_pods(placer, info, &input.snapshot));
         }
         let demand = self.usage(workloads, wi, None);
         let running = self.running.as_deref().unwrap_or_default();
@@ -316,8 +326,14 @@ impl Gate {
             priority: self.priority[wi],
             demand: &demand,
         };
-        let victims =
-            preemption::cheapest_victims(&self.tenants, &self.ledger, placer.nodes(), running, &claimant)?;
+        let victims = preemption::cheapest_victims(
+            &self.tenants,
+            &self.ledger,
+            placer.nodes(),
+            running,
+            &claimant,
+            &self.disruptions,
+        )?;
         let alternative = if reclaim { None } else { self.scale_up_alternative(input, groups, unit, w) };
         let what = alternative.map(|g| format!("1 x {} ({})", g.instance_type, g.id));
         let decision = preemption::decide(
@@ -361,6 +377,11 @@ impl Gate {
         };
         if let Some(t) = claimant.tenant {
             self.ledger.charge(t, &demand);
+        }
+        for &v in &victims.victims {
+            for &b in &running[v].budgets {
+                self.disruptions[b] -= 1;
+            }
         }
         let node = placer.nodes()[placed.node].name.clone();
         info[placed.node].pods.push((wi, placed.devices));

@@ -106,11 +106,7 @@ pub fn jobs_from_openb(pods: &[TracePod], start: Option<u64>, hours: f64) -> Job
         .filter(|(_, c, d)| *c < start + length && *d > start)
         .map(|(p, c, d)| {
             let arrival = c.saturating_sub(start);
-            // The trace's tasks come from job controllers: an evicted pod is recreated (re-queued).
-            let mut workload = p.workload.clone();
-            if workload.owner == OwnerKind::None {
-                workload.owner = OwnerKind::Job;
-            }
+            let workload = super::owned_by_a_job(p.workload.clone());
             Job { workload, arrival, duration: d - c.max(start) }
         })
         .collect();

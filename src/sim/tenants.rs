@@ -295,7 +295,7 @@ impl Live<'_, '_> {
         let mut index = Vec::with_capacity(snapshot.workloads.capacity());
         for &i in self.running.iter().chain(&self.pending) {
             let p = &self.pods[i];
-            let mut w = p.w.clone();
+            let mut w = super::owned_by_a_job(p.w.clone());
             w.tenant = Some(run.tenant_names[p.tenant].clone());
             w.created_at = Some(p.arrival as i64);
             if let Some(pl) = &self.state[i].placement {

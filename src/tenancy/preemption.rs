@@ -4,7 +4,13 @@
 //! Who may be evicted (Kueue's `withinClusterQueue: LowerPriority` and `reclaimWithinCohort`):
 //! lower-priority workloads of the claimant's own tenant, and workloads of cohort tenants that
 //! borrow beyond their nominal quota while the claimant stays within its own. Never a tenant
-//! within its nominal quota for someone else, never an unmanaged or eviction-blocked pod.
+//! within its nominal quota for someone else, never a pod of no configured tenant (unmanaged),
+//! never an eviction-blocked pod or one without a controller (nothing would recreate it).
+//!
+//! PodDisruptionBudgets: no victim set evicts more pods of a budget than it allows now, counting
+//! the set's other victims and the sets planned before it. kube-scheduler only *prefers* sets
+//! that violate no budget because it deletes victims; gpuscale evicts through the Eviction API,
+//! which refuses a violating eviction, so such a set could never make room.
 //!
 //! Cost of a victim: the GPU-seconds of work it loses (run time so far plus a restart), divided
 //! by `1 + gap/100` where `gap` is how many priority points below the claimant it is. The
@@ -41,8 +47,11 @@ pub struct RunningPod {
     pub usage: Usage,
     /// GPU-seconds lost if evicted now (GPU-equivalents x seconds run).
     pub lost_gpu_seconds: f64,
-    /// False for DaemonSet, static, eviction-blocked pods.
+    /// False for DaemonSet, static, bare (no controller), eviction-blocked and terminating pods.
     pub evictable: bool,
+    /// The PodDisruptionBudgets covering it: indexes into the `disruptions` given to
+    /// [`cheapest_victims`].
+    pub budgets: Vec<usize>,
 }
 
 /// The workload that wants room.
@@ -81,13 +90,14 @@ pub fn victim_cost(victim: &RunningPod, priority: i32) -> f64 {
 
 /// Whether `victim` may be evicted for `claimant` given current usage.
 pub fn may_evict(tenants: &Tenants, ledger: &Ledger, claimant: &Claimant<'_>, victim: &RunningPod) -> bool {
+    // Untenanted pods are unmanaged: not even another untenanted pod may evict them.
+    let (Some(v), Some(c)) = (victim.tenant, claimant.tenant) else { return false };
     if !victim.evictable {
         return false;
     }
-    if victim.tenant == claimant.tenant {
+    if v == c {
         return victim.priority < claimant.priority;
     }
-    let (Some(v), Some(c)) = (victim.tenant, claimant.tenant) else { return false };
     if !tenants.cohort_members(c).contains(&v) || !ledger.is_borrowing(tenants, v) {
         return false;
     }
@@ -98,6 +108,23 @@ pub fn may_evict(tenants: &Tenants, ledger: &Ledger, claimant: &Claimant<'_>, vi
     ) || victim.priority < claimant.priority
 }
 
+/// Whether every budget covering `victim` allows one more eviction (`left`: allowed per budget).
+fn disruption_allowed(left: &[u32], victim: &RunningPod) -> bool {
+    victim.budgets.iter().all(|&b| left.get(b).is_some_and(|&n| n > 0))
+}
+
+/// Takes one eviction of `victim` from the `left` allowances of the budgets covering it; false
+/// (nothing taken) when one of them allows no more.
+fn take_disruption(left: &mut [u32], victim: &RunningPod) -> bool {
+    if !disruption_allowed(left, victim) {
+        return false;
+    }
+    for &b in &victim.budgets {
+        left[b] -= 1;
+    }
+    true
+}
+
 fn quota_ok(tenants: &Tenants, ledger: &Ledger, claimant: &Claimant<'_>) -> bool {
     claimant.tenant.is_none_or(|t| {
         matches!(ledger.check(tenants, t, claimant.demand), Admission::Fits | Admission::Borrows { .. })
@@ -106,18 +133,23 @@ fn quota_ok(tenants: &Tenants, ledger: &Ledger, claimant: &Claimant<'_>) -> bool
 
 /// The cheapest victim set that makes room for the claimant on one node and, if its quota
 /// needs it, gives back borrowed quota. `nodes` carry current allocations; `running` lists the
-/// pods on them. `None` when no allowed set of victims makes room.
+/// pods on them; `disruptions` the evictions each PodDisruptionBudget still allows (what sets
+/// planned earlier took is already gone). `None` when no allowed set of victims makes room.
 pub fn cheapest_victims(
     tenants: &Tenants,
     ledger: &Ledger,
     nodes: &[Node],
     running: &[RunningPod],
     claimant: &Claimant<'_>,
+    disruptions: &[u32],
 ) -> Option<VictimSet> {
     let w = claimant.workload;
     let cost = |i: usize| victim_cost(&running[i], claimant.priority);
-    let mut by_cost: Vec<usize> =
-        (0..running.len()).filter(|&i| may_evict(tenants, ledger, claimant, &running[i])).collect();
+    let mut by_cost: Vec<usize> = (0..running.len())
+        .filter(|&i| {
+            may_evict(tenants, ledger, claimant, &running[i]) && disruption_allowed(disruptions, &running[i])
+        })
+        .collect();
     by_cost.sort_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(running[a].id.cmp(&running[b].id)));
     if by_cost.is_empty() {
         return None;
@@ -155,6 +187,7 @@ pub fn cheapest_victims(
         let mut ok = false;
         let mut sim_node = node.clone();
         let mut sim = ledger.clone();
+        let mut left = disruptions.to_vec();
         let others = by_cost.iter().copied().filter(|&i| running[i].node != n);
         for i in local.iter().copied().chain(others) {
             let r = &running[i];
@@ -163,6 +196,11 @@ pub fn cheapest_victims(
             }
             // Re-check reclaim eligibility against usage after earlier victims.
             if !may_evict(tenants, &sim, claimant, r) {
+                continue;
+            }
+            // A victim its budgets no longer allow is skipped, as kube-scheduler reprieves
+            // PDB-violating victims first; the set it would complete could never be evicted.
+            if !take_disruption(&mut left, r) {
                 continue;
             }
             set.push(i);
@@ -313,6 +351,7 @@ mod tests {
             usage: usage_of(&w, None),
             lost_gpu_seconds: lost,
             evictable: true,
+            budgets: Vec::new(),
         }
     }
 
@@ -345,7 +384,7 @@ mod tests {
         let demand = usage_of(&w, None);
         let c = Claimant { workload: &w, tenant: Some(0), priority: 500, demand: &demand };
         // Quota is full too (8 of 8): one 2-GPU victim frees both room and quota.
-        let v = cheapest_victims(&t, &ledger, &[n], &pods, &c).unwrap();
+        let v = cheapest_victims(&t, &ledger, &[n], &pods, &c, &[]).unwrap();
         assert_eq!(v.victims, vec![1]);
         assert_eq!(v.lost_gpu_seconds, 3600.0);
         // (3600 + 600) / 6 = 700 weighted GPU-seconds.
@@ -382,7 +421,7 @@ mod tests {
         let demand = usage_of(&w, None);
         let c = Claimant { workload: &w, tenant: Some(0), priority: 500, demand: &demand };
         assert_eq!(fit::candidates(&n, &w).unwrap_err(), fit::Unfit::TooManyPods);
-        let v = cheapest_victims(&t, &ledger, &[n], &pods, &c).expect("a victim frees a slot");
+        let v = cheapest_victims(&t, &ledger, &[n], &pods, &c, &[]).expect("a victim frees a slot");
         assert_eq!(v.victims, vec![1], "the one with less work lost");
     }
 
@@ -411,7 +450,7 @@ mod tests {
         // a (priority 0, within its nominal after admission) reclaims b's borrowed GPUs although
         // b's pods have higher priority; a's own pod has the same priority and is not a victim.
         let c = Claimant { workload: &w, tenant: Some(0), priority: 0, demand: &demand };
-        let v = cheapest_victims(&t, &ledger, &[n.clone()], &pods, &c).unwrap();
+        let v = cheapest_victims(&t, &ledger, &[n.clone()], &pods, &c, &[]).unwrap();
         assert_eq!(v.victims, vec![1]);
         // Once b is within nominal, nothing of b may go.
         let mut within = ledger.clone();
@@ -420,5 +459,60 @@ mod tests {
         // b (a borrower) cannot take from a for a claim beyond its nominal.
         let cb = Claimant { workload: &w, tenant: Some(1), priority: 1000, demand: &demand };
         assert!(!may_evict(&t, &ledger, &cb, &pods[2]));
+    }
+
+    #[test]
+    fn no_set_takes_more_evictions_than_a_budget_allows() {
+        let t = Tenants::new(
+            &TenancyConfig::parse(
+                Path::new("t"),
+                "tenants: [{name: a, quotas: {nvidia.com/gpu: {nominal: 16}}}]",
+            )
+            .unwrap(),
+        );
+        let mut n = node(8);
+        // Cheapest first: r0, r1, r2, r3. Budget 0 covers r0 and allows nothing; budget 1
+        // covers r1 and r2 and allows one eviction.
+        let mut pods: Vec<RunningPod> =
+            (0..4).map(|i| running(&mut n, i, 0, 0, 2, 60.0 * (i + 1) as f64)).collect();
+        pods[0].budgets = vec![0];
+        pods[1].budgets = vec![1];
+        pods[2].budgets = vec![1];
+        let ledger = Ledger::new(&t);
+        let w = Workload { id: "t/high".into(), gpu: GpuDemand::Whole { count: 4 }, ..Default::default() };
+        let demand = usage_of(&w, None);
+        let c = Claimant { workload: &w, tenant: Some(0), priority: 500, demand: &demand };
+        let unbounded = cheapest_victims(&t, &ledger, &[n.clone()], &pods, &c, &[8, 8]).unwrap();
+        assert_eq!(unbounded.victims, vec![0, 1]);
+        let v = cheapest_victims(&t, &ledger, &[n.clone()], &pods, &c, &[0, 1]).unwrap();
+        assert_eq!(v.victims, vec![1, 3], "r0 not at all, only one of r1 and r2");
+        // An earlier set of the plan took budget 1's eviction: no set is left.
+        pods[3].budgets = vec![1];
+        assert_eq!(cheapest_victims(&t, &ledger, &[n], &pods, &c, &[0, 0]), None);
+    }
+
+    #[test]
+    fn a_pod_of_no_tenant_is_nobodys_victim() {
+        let t = Tenants::new(
+            &TenancyConfig::parse(
+                Path::new("t"),
+                "tenants: [{name: a, quotas: {nvidia.com/gpu: {nominal: 8}}}]",
+            )
+            .unwrap(),
+        );
+        let mut n = node(8);
+        let mut low = running(&mut n, 0, 0, 0, 8, 60.0);
+        low.tenant = None;
+        let w = Workload { id: "x/high".into(), gpu: GpuDemand::Whole { count: 8 }, ..Default::default() };
+        let demand = usage_of(&w, None);
+        let ledger = Ledger::new(&t);
+        for tenant in [None, Some(0)] {
+            let c = Claimant { workload: &w, tenant, priority: 1000, demand: &demand };
+            assert!(!may_evict(&t, &ledger, &c, &low), "claimant of tenant {tenant:?}");
+        }
+        // Of its own tenant, the same pod is a victim.
+        low.tenant = Some(0);
+        let c = Claimant { workload: &w, tenant: Some(0), priority: 1000, demand: &demand };
+        assert!(may_evict(&t, &ledger, &c, &low));
     }
 }
