@@ -101,6 +101,12 @@ pub struct PlannerSettings {
     /// newest pod creation time in the snapshot).
     #[serde(skip)]
     pub now: Option<i64>,
+    /// The snapshot was saved earlier and does not say when (`gpuscale plan --snapshot`): its
+    /// telemetry is judged against its newest sample, not against `now`, so that planning a saved
+    /// file gives the same plan whenever it runs. Otherwise telemetry older than
+    /// `telemetry.maxAge` at `now` never counts, however recent the other nodes' samples are.
+    #[serde(skip)]
+    pub saved_snapshot: bool,
 }
 
 impl PlannerSettings {
@@ -144,6 +150,7 @@ impl Default for PlannerSettings {
             ignored_taints: Vec::new(),
             default_spread_constraints: Vec::new(),
             now: None,
+            saved_snapshot: false,
         }
     }
 }
@@ -384,7 +391,8 @@ fn plan_with(
     steps.push(("scale_up", started.elapsed()));
 
     // 3. Scale-down and consolidation, only when nothing waits for new capacity.
-    let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry);
+    let clock = if settings.saved_snapshot { None } else { settings.now };
+    let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry, clock);
     out.idle_gpus = idle.idle;
     if settings.scale_down {
         let waiting: BTreeSet<&str> = out.unschedulable[held..].iter().map(|u| u.pod.as_str()).collect();
