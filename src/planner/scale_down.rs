@@ -13,10 +13,28 @@ use std::collections::BTreeMap;
 struct DrainState {
     /// Nodes already removed.
     removed: Vec<bool>,
+    /// Nodes that take pods moved off removed nodes: they stay, so that no pod is evicted twice
+    /// in one plan (once off its node, again off the node it went to).
+    received: Vec<bool>,
     /// Per group, how many more nodes may go before its min size.
     removable: Vec<u32>,
     /// Per PDB, evictions still allowed.
     budgets: BTreeMap<String, u32>,
+}
+
+impl DrainState {
+    /// Records pods moved off a removed node: their destinations stay, and each running pod's
+    /// eviction uses up one disruption of every PDB covering it.
+    fn count_moves(&mut self, moved: &[(usize, Placement)], input: &PlanInput) {
+        let workloads = &input.snapshot.workloads;
+        for (wi, p) in moved.iter().filter(|(wi, _)| workloads[*wi].node_name.is_some()) {
+            self.received[p.node] = true;
+            for b in input.snapshot.disruption_budgets.iter().filter(|b| b.covers(&workloads[*wi])) {
+                let left = self.budgets.entry(b.id.clone()).or_default();
+                *left = left.saturating_sub(1);
+            }
+        }
+    }
 }
 
 /// Result of the scale-down step.
@@ -168,10 +186,17 @@ pub(crate) fn plan(
 ) -> ScaleDowns {
     let workloads = &input.snapshot.workloads;
     let mut out = ScaleDowns { scale_downs: Vec::new(), replacements: Vec::new(), kept: Vec::new() };
-    let mut budgets: BTreeMap<String, u32> =
-        input.snapshot.disruption_budgets.iter().map(|b| (b.id.clone(), b.disruptions_allowed)).collect();
-    let mut removable: Vec<u32> = groups.iter().map(|g| g.target_size.saturating_sub(g.min_size)).collect();
-    let mut removed = vec![false; placer.nodes().len()];
+    let mut state = DrainState {
+        removed: vec![false; placer.nodes().len()],
+        received: vec![false; placer.nodes().len()],
+        removable: groups.iter().map(|g| g.target_size.saturating_sub(g.min_size)).collect(),
+        budgets: input
+            .snapshot
+            .disruption_budgets
+            .iter()
+            .map(|b| (b.id.clone(), b.disruptions_allowed))
+            .collect(),
+    };
 
     let managed = |n: NodeId, info: &[NodeInfo], nodes: &[Node]| {
         let node = &nodes[n];
@@ -208,14 +233,22 @@ pub(crate) fn plan(
             out.kept.push(Kept { node: name, reason: format!("{} grows in this plan", groups[gi].id) });
             continue;
         }
-        if removable[gi] == 0 {
+        if state.removable[gi] == 0 {
             out.kept.push(Kept {
                 node: name,
                 reason: format!("{} at min size {}", groups[gi].id, groups[gi].min_size),
             });
             continue;
         }
-        let pods = match movable_pods(workloads, &info[n].pods, &budgets, input) {
+        if state.received[n] {
+            out.kept.push(Kept {
+                node: name,
+                reason: "takes pods moved off nodes this plan removes (a pod moves at most once per plan)"
+                    .into(),
+            });
+            continue;
+        }
+        let pods = match movable_pods(workloads, &info[n].pods, &state.budgets, input) {
             Ok(p) => p,
             Err(reason) => {
                 out.kept.push(Kept { node: name, reason });
@@ -224,20 +257,14 @@ pub(crate) fn plan(
         };
         // Pods move only to ready nodes that stay (not to capacity that is still on its way).
         let targets: Vec<bool> = (0..info.len())
-            .map(|m| !removed.get(m).copied().unwrap_or(true) && info[m].origin == Origin::Ready)
+            .map(|m| !state.removed.get(m).copied().unwrap_or(true) && info[m].origin == Origin::Ready)
             .collect();
         let ready_elsewhere = |m: NodeId| targets.get(m).copied().unwrap_or(false);
         match relocate(placer, info, workloads, n, &pods, &ready_elsewhere) {
             Some(moved) => {
-                removed[n] = true;
-                removable[gi] -= 1;
-                for (wi, _) in &moved {
-                    for b in input.snapshot.disruption_budgets.iter().filter(|b| b.covers(&workloads[*wi])) {
-                        if workloads[*wi].node_name.is_some() {
-                            *budgets.entry(b.id.clone()).or_default() -= 1;
-                        }
-                    }
-                }
+                state.removed[n] = true;
+                state.removable[gi] -= 1;
+                state.count_moves(&moved, input);
                 let node = &placer.nodes()[n];
                 let what = if gpu_milli(node).0 > 0 { "GPU allocation" } else { "CPU and memory" };
                 out.scale_downs.push(ScaleDown {
@@ -271,7 +298,6 @@ pub(crate) fn plan(
     }
 
     if settings.consolidation && !growth.pending {
-        let mut state = DrainState { removed, removable, budgets };
         let budget = settings.max_disruptions.saturating_sub(out.scale_downs.len() as u32);
         replace_expensive(placer, info, input, groups, &mut state, budget, &mut out);
     }
@@ -288,12 +314,14 @@ fn replace_expensive(
     budget: u32,
     out: &mut ScaleDowns,
 ) {
-    let DrainState { removed, removable, budgets } = state;
     let workloads = &input.snapshot.workloads;
     let mut added = vec![0u32; groups.len()];
     let mut nodes: Vec<(u64, String, NodeId)> = (0..info.len())
         .filter(|&n| {
-            info[n].origin == Origin::Ready && !removed[n] && placer.nodes()[n].state == NodeState::Ready
+            info[n].origin == Origin::Ready
+                && !state.removed[n]
+                && !state.received[n]
+                && placer.nodes()[n].state == NodeState::Ready
         })
         .filter(|&n| !placer.nodes()[n].scale_down_disabled)
         .filter_map(|n| info[n].group.map(|g| (groups[g].price, placer.nodes()[n].name.clone(), n)))
@@ -304,10 +332,10 @@ fn replace_expensive(
             break;
         }
         let gi = info[n].group.unwrap_or_default();
-        if removable[gi] == 0 || info[n].pods.is_empty() {
+        if state.removable[gi] == 0 || info[n].pods.is_empty() {
             continue;
         }
-        let Ok(pods) = movable_pods(workloads, &info[n].pods, budgets, input) else { continue };
+        let Ok(pods) = movable_pods(workloads, &info[n].pods, &state.budgets, input) else { continue };
         if pods.is_empty() {
             continue;
         }
@@ -330,12 +358,12 @@ fn replace_expensive(
             next_node(g, new_name, NodeState::Upcoming, next_zone(g, members_of(placer.nodes(), info, h)));
         let new_id = placer.add_node(new_node);
         info.push(NodeInfo { group: Some(h), origin: Origin::New, pods: Vec::new() });
-        removed.push(false);
-        if relocate(placer, info, workloads, n, &pods, &|m| m == new_id).is_none() {
-            continue;
-        }
-        removed[n] = true;
-        removable[gi] -= 1;
+        state.removed.push(false);
+        state.received.push(false);
+        let Some(moved) = relocate(placer, info, workloads, n, &pods, &|m| m == new_id) else { continue };
+        state.removed[n] = true;
+        state.removable[gi] -= 1;
+        state.count_moves(&moved, input);
         added[h] += 1;
         out.replacements.push(Replace {
             node: name,
@@ -352,6 +380,91 @@ mod tests {
     use super::*;
     use crate::model::cel::AttrValue;
     use crate::model::dra::{ClaimHold, DraDevice, NVIDIA_GPU_DRIVER};
+    use crate::model::{ClusterSnapshot, GpuDemand, Resources, Toleration, TolerationOperator};
+    use crate::planner::cluster::template_node;
+    use crate::planner::Plan;
+    use crate::scheduler::policy::PolicyKind;
+
+    /// One group of 4-GPU L4 nodes, three of them running.
+    fn l4_group() -> NodeGroup {
+        let yaml = "accounts:\n  - name: c\n    provider: simulated\n    region: us-east-1\n    nodeGroups:\n      - {name: l4-4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 5, targetSize: 3}\n";
+        crate::providers::config::load_strs(&[("test.yaml", yaml)]).unwrap().node_groups().remove(0)
+    }
+
+    fn running(id: &str, gpus: u32, node: &str) -> Workload {
+        Workload {
+            id: id.into(),
+            requests: Resources::new(1000, 1024),
+            gpu: GpuDemand::Whole { count: gpus },
+            owner: OwnerKind::ReplicaSet,
+            tolerations: vec![Toleration { operator: TolerationOperator::Exists, ..Default::default() }],
+            node_name: Some(node.into()),
+            ..Default::default()
+        }
+    }
+
+    fn plan_of(nodes: Vec<Node>, workloads: Vec<Workload>, settings: &PlannerSettings) -> Plan {
+        let snapshot = ClusterSnapshot { nodes, workloads, ..Default::default() };
+        crate::planner::plan(
+            &PlanInput { snapshot, groups: vec![l4_group()], ..Default::default() },
+            settings,
+        )
+    }
+
+    /// Every move's destination stays and no pod moves twice.
+    fn assert_each_pod_moves_once(plan: &Plan) {
+        let removed: Vec<&str> = plan.scale_downs.iter().map(|d| d.node.as_str()).collect();
+        let mut moved: Vec<&str> = Vec::new();
+        for (pod, to) in plan.scale_downs.iter().flat_map(|d| &d.moves) {
+            assert!(
+                !removed.contains(&to.as_str()),
+                "{pod} moves to {to}, which the plan removes:\n{}",
+                plan.to_table()
+            );
+            moved.push(pod);
+        }
+        moved.extend(plan.replacements.iter().flat_map(|r| r.pods.iter().map(String::as_str)));
+        let n = moved.len();
+        moved.sort_unstable();
+        moved.dedup();
+        assert_eq!(moved.len(), n, "a pod moves twice:\n{}", plan.to_table());
+    }
+
+    #[test]
+    fn a_pod_moved_off_a_removed_node_is_not_moved_again() {
+        // a runs 1 GPU of 4, b 2, c none (its scale-down is disabled). Best fit puts a's pod on b,
+        // the tighter fit; b's pods, a's among them, would then fit c, and the old plan removed b
+        // as well, evicting a's pod a second time.
+        let g = l4_group();
+        let node = |name: &str| template_node(&g, name.into(), NodeState::Ready);
+        let c = Node { scale_down_disabled: true, ..node("c") };
+        let settings = PlannerSettings { policy: PolicyKind::BestFit, ..Default::default() };
+        let plan = plan_of(
+            vec![node("a"), node("b"), c],
+            vec![running("x/one", 1, "a"), running("x/two", 2, "b")],
+            &settings,
+        );
+        assert_eq!(plan.scale_downs.first().map(|d| d.node.as_str()), Some("a"), "{}", plan.to_table());
+        assert_each_pod_moves_once(&plan);
+    }
+
+    #[test]
+    fn on_a_generated_500_node_cluster_each_pod_moves_at_most_once() {
+        use crate::sim::kubectl_list::{cluster, ListShape};
+        // `gpuscale generate --nodes 500 --running 5000 --pending 1000`: the old plan removed 33
+        // nodes and moved 117 pods two to six times.
+        let shape = ListShape { nodes: 500, running: 5000, pending: 1000, seed: 1, managed_fields: false };
+        let (generated, groups) = cluster(&shape);
+        // The generator's nodes hold its pods; planned, as `plan` loads them, with their capacity.
+        let (fresh, _) =
+            crate::sim::synthetic::cluster(shape.nodes, shape.running, shape.pending, shape.seed);
+        let snapshot = ClusterSnapshot { nodes: fresh.nodes, ..generated };
+        let plan =
+            crate::planner::plan(&PlanInput { snapshot, groups, ..Default::default() }, &Default::default());
+        let moves: usize = plan.scale_downs.iter().map(|d| d.moves.len()).sum();
+        assert!(plan.scale_downs.len() >= 10 && moves >= 100, "{}", plan.to_table());
+        assert_each_pod_moves_once(&plan);
+    }
 
     #[test]
     fn a_dra_gpu_node_is_judged_by_its_held_gpus_not_its_cpu() {
