@@ -70,6 +70,15 @@ pub struct PlannerSettings {
     /// Autoscaler's scale-down parallelism and Karpenter's disruption budgets. Later loops
     /// continue where this one stopped.
     pub max_disruptions: u32,
+    /// A node running a pod with local storage (`hostPath`, an `emptyDir` not in memory) is not
+    /// removed, as with Cluster Autoscaler's `--skip-nodes-with-local-storage` (its default):
+    /// eviction loses that data. `safe-to-evict: "true"` or `safe-to-evict-local-volumes` listing
+    /// the volumes lets the pod go.
+    pub skip_nodes_with_local_storage: bool,
+    /// A node running a `kube-system` pod (not a DaemonSet or mirror pod) that no
+    /// PodDisruptionBudget covers is not removed, as with Cluster Autoscaler's
+    /// `--skip-nodes-with-system-pods` (its default): cluster services go down while they move.
+    pub skip_nodes_with_system_pods: bool,
     /// How agent telemetry is used (the config file's `telemetry:` section, copied in by the
     /// caller).
     #[serde(skip)]
@@ -110,6 +119,14 @@ pub struct PlannerSettings {
 }
 
 impl PlannerSettings {
+    /// The drain rules scale-down applies.
+    pub fn drain_rules(&self) -> crate::model::DrainRules {
+        crate::model::DrainRules {
+            local_storage: self.skip_nodes_with_local_storage,
+            system_pods: self.skip_nodes_with_system_pods,
+        }
+    }
+
     /// What is wrong with the settings, as (field, value, reason).
     pub fn problems(&self) -> Vec<(String, String, String)> {
         let mut out = Vec::new();
@@ -135,6 +152,8 @@ impl Default for PlannerSettings {
             consolidation: true,
             max_new_nodes: 1000,
             max_disruptions: 50,
+            skip_nodes_with_local_storage: true,
+            skip_nodes_with_system_pods: true,
             telemetry: Default::default(),
             tenancy: None,
             scheduler_names: [

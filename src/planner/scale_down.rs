@@ -5,7 +5,9 @@ use super::cluster::{members_of, next_node, next_zone, NodeInfo, Origin};
 use super::plan::{Kept, Replace, ScaleDown};
 use super::scale_up::pack_fresh;
 use super::{PlanInput, PlannerSettings};
-use crate::model::{DeviceAssignment, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload, GPU_MILLI};
+use crate::model::{
+    DeviceAssignment, DrainRules, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload, GPU_MILLI,
+};
 use crate::scheduler::{Placement, Placer};
 use std::collections::BTreeMap;
 
@@ -72,6 +74,7 @@ fn movable_pods(
     pods: &[(usize, DeviceAssignment)],
     budgets: &BTreeMap<String, u32>,
     input: &PlanInput,
+    rules: DrainRules,
 ) -> Result<Vec<(usize, DeviceAssignment)>, String> {
     let mut out = Vec::new();
     let mut needed: BTreeMap<&str, u32> = BTreeMap::new();
@@ -82,11 +85,8 @@ fn movable_pods(
         }
         let running = w.node_name.is_some();
         if running {
-            if let Some(reason) = &w.eviction_blocked {
-                return Err(format!("pod {} must not be evicted ({reason})", w.id));
-            }
-            if w.owner == OwnerKind::None {
-                return Err(format!("pod {} has no controller and would be lost", w.id));
+            if let Some(reason) = w.drain_blocker(rules, &input.snapshot.disruption_budgets) {
+                return Err(reason);
             }
             for b in input.snapshot.disruption_budgets.iter().filter(|b| b.covers(w)) {
                 let n = needed.entry(b.id.as_str()).or_default();
@@ -248,7 +248,8 @@ pub(crate) fn plan(
             });
             continue;
         }
-        let pods = match movable_pods(workloads, &info[n].pods, &state.budgets, input) {
+        let pods = match movable_pods(workloads, &info[n].pods, &state.budgets, input, settings.drain_rules())
+        {
             Ok(p) => p,
             Err(reason) => {
                 out.kept.push(Kept { node: name, reason });
@@ -299,7 +300,15 @@ pub(crate) fn plan(
 
     if settings.consolidation && !growth.pending {
         let budget = settings.max_disruptions.saturating_sub(out.scale_downs.len() as u32);
-        replace_expensive(placer, info, input, groups, &mut state, budget, &mut out);
+        replace_expensive(
+            placer,
+            info,
+            input,
+            groups,
+            &mut state,
+            (budget, settings.drain_rules()),
+            &mut out,
+        );
     }
     out
 }
@@ -311,7 +320,7 @@ fn replace_expensive(
     input: &PlanInput,
     groups: &[NodeGroup],
     state: &mut DrainState,
-    budget: u32,
+    (budget, rules): (u32, DrainRules),
     out: &mut ScaleDowns,
 ) {
     let workloads = &input.snapshot.workloads;
@@ -335,7 +344,7 @@ fn replace_expensive(
         if state.removable[gi] == 0 || info[n].pods.is_empty() {
             continue;
         }
-        let Ok(pods) = movable_pods(workloads, &info[n].pods, &state.budgets, input) else { continue };
+        let Ok(pods) = movable_pods(workloads, &info[n].pods, &state.budgets, input, rules) else { continue };
         if pods.is_empty() {
             continue;
         }
@@ -380,7 +389,9 @@ mod tests {
     use super::*;
     use crate::model::cel::AttrValue;
     use crate::model::dra::{ClaimHold, DraDevice, NVIDIA_GPU_DRIVER};
-    use crate::model::{ClusterSnapshot, GpuDemand, Resources, Toleration, TolerationOperator};
+    use crate::model::{
+        ClusterSnapshot, DisruptionBudget, GpuDemand, Resources, Toleration, TolerationOperator,
+    };
     use crate::planner::cluster::template_node;
     use crate::planner::Plan;
     use crate::scheduler::policy::PolicyKind;
@@ -446,6 +457,76 @@ mod tests {
         );
         assert_eq!(plan.scale_downs.first().map(|d| d.node.as_str()), Some("a"), "{}", plan.to_table());
         assert_each_pod_moves_once(&plan);
+    }
+
+    /// Plans a, running `pod` (1 GPU of 4), beside b (2 GPUs) and c (empty, kept by annotation);
+    /// says whether a goes, else why not.
+    fn a_goes(
+        pod: Workload,
+        budgets: Vec<DisruptionBudget>,
+        settings: &PlannerSettings,
+    ) -> Result<(), String> {
+        let g = l4_group();
+        let node = |name: &str| template_node(&g, name.into(), NodeState::Ready);
+        let c = Node { scale_down_disabled: true, ..node("c") };
+        let snapshot = ClusterSnapshot {
+            nodes: vec![node("a"), node("b"), c],
+            workloads: vec![Workload { node_name: Some("a".into()), ..pod }, running("x/two", 2, "b")],
+            disruption_budgets: budgets,
+            ..Default::default()
+        };
+        let plan = crate::planner::plan(
+            &PlanInput { snapshot, groups: vec![g.clone()], ..Default::default() },
+            settings,
+        );
+        if plan.scale_downs.iter().any(|d| d.node == "a") {
+            return Ok(());
+        }
+        Err(plan.kept.iter().find(|k| k.node == "a").map_or_else(|| plan.to_table(), |k| k.reason.clone()))
+    }
+
+    #[test]
+    fn a_pod_with_local_storage_keeps_its_node_unless_it_is_safe_to_evict() {
+        let pod = Workload { local_storage: vec!["scratch".into()], ..running("x/one", 1, "a") };
+        let defaults = PlannerSettings::default();
+        let err = a_goes(pod.clone(), vec![], &defaults).unwrap_err();
+        assert!(err.contains("x/one has local storage") && err.contains("scratch"), "{err}");
+        assert_eq!(a_goes(Workload { safe_to_evict: true, ..pod.clone() }, vec![], &defaults), Ok(()));
+        let off = PlannerSettings { skip_nodes_with_local_storage: false, ..Default::default() };
+        assert_eq!(a_goes(pod, vec![], &off), Ok(()));
+        // Volumes that lose nothing (memory, listed as safe) are not in `local_storage`.
+        assert_eq!(a_goes(running("x/one", 1, "a"), vec![], &defaults), Ok(()));
+    }
+
+    #[test]
+    fn a_kube_system_pod_without_a_pdb_keeps_its_node() {
+        let pod = Workload {
+            labels: [("k8s-app".to_string(), "metrics".to_string())].into(),
+            ..running("kube-system/metrics-server-7d9", 1, "a")
+        };
+        let defaults = PlannerSettings::default();
+        let err = a_goes(pod.clone(), vec![], &defaults).unwrap_err();
+        assert!(err.contains("kube-system pod no PodDisruptionBudget covers"), "{err}");
+        let pdb = |ns: &str| DisruptionBudget {
+            id: format!("{ns}/metrics"),
+            namespace: ns.into(),
+            selector: crate::model::LabelSelector {
+                match_labels: [("k8s-app".to_string(), "metrics".to_string())].into(),
+                ..Default::default()
+            },
+            disruptions_allowed: 1,
+        };
+        // A budget of another namespace does not cover it; one of its own lets it go.
+        assert!(a_goes(pod.clone(), vec![pdb("default")], &defaults).is_err());
+        assert_eq!(a_goes(pod.clone(), vec![pdb("kube-system")], &defaults), Ok(()));
+        assert_eq!(a_goes(Workload { safe_to_evict: true, ..pod.clone() }, vec![], &defaults), Ok(()));
+        let off = PlannerSettings { skip_nodes_with_system_pods: false, ..Default::default() };
+        assert_eq!(a_goes(pod.clone(), vec![], &off), Ok(()));
+        // DaemonSet pods stay with their node and never block it.
+        assert_eq!(
+            a_goes(Workload { owner: OwnerKind::DaemonSet, gpu: GpuDemand::None, ..pod }, vec![], &defaults),
+            Ok(())
+        );
     }
 
     #[test]
