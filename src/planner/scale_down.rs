@@ -111,7 +111,7 @@ fn relocate(
     workloads: &[Workload],
     from: NodeId,
     pods: &[(usize, DeviceAssignment)],
-    allowed: &dyn Fn(NodeId) -> bool,
+    (allowed, preferred): (&dyn Fn(NodeId) -> bool, &dyn Fn(NodeId) -> bool),
 ) -> Option<Vec<(usize, Placement)>> {
     for (wi, devices) in pods {
         placer.release(&workloads[*wi], &Placement { node: from, devices: devices.clone() });
@@ -144,7 +144,10 @@ fn relocate(
     });
     let mut moved = Vec::new();
     for i in order {
-        match placer.place_where(&moving[i], &|n| n != from && allowed(n)) {
+        let placed = placer
+            .place_where(&moving[i], &|n| n != from && allowed(n) && preferred(n))
+            .or_else(|_| placer.place_where(&moving[i], &|n| n != from && allowed(n)));
+        match placed {
             Ok(p) => moved.push((i, p)),
             Err(_) => {
                 for (i, p) in &moved {
@@ -217,11 +220,18 @@ pub(crate) fn plan(
         .filter(|(u, ..)| *u < settings.scale_down_utilization || settings.scale_down_utilization >= 1.0)
         .collect();
     candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    // Candidates not judged yet: moved pods go elsewhere where they can, so that taking them does
+    // not keep those nodes.
+    let mut undecided = vec![false; info.len()];
+    for c in &candidates {
+        undecided[c.3] = true;
+    }
 
     for (util, price, name, n) in candidates {
         if out.scale_downs.len() as u32 >= settings.max_disruptions {
             break;
         }
+        undecided[n] = false;
         let gi = info[n].group.unwrap_or_default();
         if placer.nodes()[n].scale_down_disabled {
             out.kept.push(Kept { node: name, reason: "scale-down disabled by annotation".into() });
@@ -261,7 +271,8 @@ pub(crate) fn plan(
             .map(|m| !state.removed.get(m).copied().unwrap_or(true) && info[m].origin == Origin::Ready)
             .collect();
         let ready_elsewhere = |m: NodeId| targets.get(m).copied().unwrap_or(false);
-        match relocate(placer, info, workloads, n, &pods, &ready_elsewhere) {
+        let decided = |m: NodeId| !undecided.get(m).copied().unwrap_or(false);
+        match relocate(placer, info, workloads, n, &pods, (&ready_elsewhere, &decided)) {
             Some(moved) => {
                 state.removed[n] = true;
                 state.removable[gi] -= 1;
@@ -369,7 +380,9 @@ fn replace_expensive(
         info.push(NodeInfo { group: Some(h), origin: Origin::New, pods: Vec::new() });
         state.removed.push(false);
         state.received.push(false);
-        let Some(moved) = relocate(placer, info, workloads, n, &pods, &|m| m == new_id) else { continue };
+        let Some(moved) = relocate(placer, info, workloads, n, &pods, (&|m| m == new_id, &|_| true)) else {
+            continue;
+        };
         state.removed[n] = true;
         state.removable[gi] -= 1;
         state.count_moves(&moved, input);
@@ -443,9 +456,10 @@ mod tests {
 
     #[test]
     fn a_pod_moved_off_a_removed_node_is_not_moved_again() {
-        // a runs 1 GPU of 4, b 2, c none (its scale-down is disabled). Best fit puts a's pod on b,
+        // a runs 1 GPU of 4, b 2, c none (its scale-down is disabled). Best fit put a's pod on b,
         // the tighter fit; b's pods, a's among them, would then fit c, and the old plan removed b
-        // as well, evicting a's pod a second time.
+        // as well, evicting a's pod a second time. Now a's pod goes to c, which stays anyway, and
+        // b's follows it.
         let g = l4_group();
         let node = |name: &str| template_node(&g, name.into(), NodeState::Ready);
         let c = Node { scale_down_disabled: true, ..node("c") };
@@ -455,7 +469,8 @@ mod tests {
             vec![running("x/one", 1, "a"), running("x/two", 2, "b")],
             &settings,
         );
-        assert_eq!(plan.scale_downs.first().map(|d| d.node.as_str()), Some("a"), "{}", plan.to_table());
+        let removed: Vec<&str> = plan.scale_downs.iter().map(|d| d.node.as_str()).collect();
+        assert_eq!(removed, ["a", "b"], "{}", plan.to_table());
         assert_each_pod_moves_once(&plan);
     }
 
