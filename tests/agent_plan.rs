@@ -305,6 +305,32 @@ fn idle_allocated_gpus_are_reported_and_opted_in_ones_reclaimed() {
 }
 
 #[test]
+fn telemetry_older_than_its_maximum_age_at_the_plans_clock_reclaims_nothing() {
+    // Every agent stopped publishing an hour ago (newest sample 10,010). Judged against that
+    // newest sample, the opted-in idle GPU still looked idle and its busy-again node was drained.
+    let settings = PlannerSettings {
+        telemetry: TelemetrySettings { idle_window: 3600, max_age: 600 },
+        scale_down_utilization: 0.5,
+        ..Default::default()
+    };
+    let at = |now: i64, saved_snapshot: bool| {
+        let (snapshot, groups) = l4_cluster(true);
+        run(snapshot, groups, &PlannerSettings { now: Some(now), saved_snapshot, ..settings.clone() })
+    };
+    let stale = at(10_010 + 3_600, false);
+    assert!(stale.idle_gpus.is_empty(), "{}", stale.to_table());
+    assert!(stale.scale_downs.iter().all(|s| s.node != "l4-small"), "{}", stale.to_table());
+    // Within the maximum age it counts; so it does in a saved snapshot, which says nothing of when
+    // it was taken (judged against its newest sample, as without a clock).
+    for plan in
+        [at(10_010 + 60, false), at(10_010 + 3_600, true), run(l4_cluster(true).0, groups(), &settings)]
+    {
+        assert!(plan.idle_gpus.first().is_some_and(|g| g.reclaimable), "{}", plan.to_table());
+        assert!(plan.scale_downs.iter().any(|s| s.node == "l4-small"), "{}", plan.to_table());
+    }
+}
+
+#[test]
 fn the_annotation_is_read_from_nodes_and_a_bad_one_is_only_a_warning() {
     let t = NodeTelemetry { sampled_at: 1_764_700_000, gpus: vec![l4_sample(0, 3, Some(1_764_690_000))] };
     let node = |name: &str, annotation: &str| {

@@ -275,6 +275,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     settings.telemetry = settings_file.telemetry;
     settings.tenancy = settings_file.tenancy;
     settings.now = Some(now.as_second());
+    settings.saved_snapshot = !matches!(source, Source::Live);
     if let Some(policy) = args.policy {
         settings.policy = policy;
     }

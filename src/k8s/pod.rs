@@ -694,6 +694,29 @@ fn not_schedulable_yet(
     })
 }
 
+/// Cluster Autoscaler's pod annotation: `"true"` lets a pod go despite local storage or
+/// `kube-system`, `"false"` keeps its node.
+const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+
+/// The pod's volumes whose data an eviction loses (`hostPath`, an `emptyDir` not in memory), less
+/// those `cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes` lists (comma-separated).
+fn local_storage(spec: &k8s::PodSpec, annotations: &BTreeMap<String, String>) -> Vec<String> {
+    let listed: Vec<&str> = annotations
+        .get("cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes")
+        .map(|v| v.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    spec.volumes
+        .iter()
+        .flatten()
+        .filter(|v| {
+            v.host_path.is_some()
+                || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() != Some("Memory"))
+        })
+        .filter(|v| !listed.contains(&v.name.as_str()))
+        .map(|v| v.name.clone())
+        .collect()
+}
+
 /// Converts a Pod; `None` for pods that no longer need resources (Succeeded, Failed).
 /// `pod_groups` maps `namespace/name` of PodGroup objects to their `minMember`.
 pub fn convert_pod(
@@ -710,9 +733,13 @@ pub fn convert_pod(
         return Err(ctx.invalid("metadata.name", "", "a pod needs a name"));
     }
     super::validation::check_meta(&ctx, meta, true, warnings);
+    let bound = k.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
     match k.status.as_ref().and_then(|s| s.phase.as_deref()) {
         None | Some("Pending" | "Running") => {}
         Some("Succeeded" | "Failed") => return Ok(None),
+        // The kubelet of its node stopped reporting: the pod may still run there, so it holds its
+        // room, a drain waits for it and scale-down moves it.
+        Some("Unknown") if bound => {}
         Some(other) => {
             warnings.push(ctx.warning(format!("phase {other}; skipped")));
             return Ok(None);
@@ -743,11 +770,13 @@ pub fn convert_pod(
     let is = |k: &str, v: &str| annotations.get(k).is_some_and(|x| x.eq_ignore_ascii_case(v));
     let eviction_blocked = if is("karpenter.sh/do-not-disrupt", "true") {
         Some("karpenter.sh/do-not-disrupt=true".to_string())
-    } else if is("cluster-autoscaler.kubernetes.io/safe-to-evict", "false") {
+    } else if is(SAFE_TO_EVICT, "false") {
         Some("cluster-autoscaler.kubernetes.io/safe-to-evict=false".to_string())
     } else {
         None
     };
+
+    let local_storage = local_storage(spec, &annotations);
 
     let (gang, gang_min_members) = match gang_of(&labels, &annotations) {
         Some((g, size)) => {
@@ -802,6 +831,8 @@ pub fn convert_pod(
         labels,
         owner: owner_kind(meta),
         eviction_blocked,
+        safe_to_evict: is(SAFE_TO_EVICT, "true"),
+        local_storage,
         gang_min_members,
         scheduler: spec.scheduler_name.clone().filter(|s| s != crate::model::DEFAULT_SCHEDULER),
         volumes: Vec::new(),

@@ -224,10 +224,10 @@ pub fn slim_pod(pod: k8s::Pod) -> k8s::Pod {
             scheduling_gates: s.scheduling_gates,
             tolerations: s.tolerations,
             topology_spread_constraints: s.topology_spread_constraints,
-            // Only claims place a pod; the service-account token volume every pod has (a
-            // projection of three sources, k8s-openapi structs with every optional field inline)
-            // would be kept for each of tens of thousands of pods.
-            volumes: s.volumes.map(|v| v.into_iter().filter(places_the_pod).collect()),
+            // Only claims place a pod and only local storage blocks a drain; the service-account
+            // token volume every pod has (a projection of three sources, k8s-openapi structs with
+            // every optional field inline) would be kept for each of tens of thousands of pods.
+            volumes: s.volumes.map(|v| v.into_iter().filter(read_by_the_conversion).collect()),
         }),
         status: pod.status.map(|s| PodStatusIn {
             nominated_node_name: s.nominated_node_name,
@@ -239,10 +239,13 @@ pub fn slim_pod(pod: k8s::Pod) -> k8s::Pod {
     .into()
 }
 
-/// Whether the conversion reads the volume: a PersistentVolumeClaim, or an ephemeral one (a claim
-/// made from its template).
-fn places_the_pod(v: &k8s::Volume) -> bool {
-    v.persistent_volume_claim.is_some() || v.ephemeral.is_some()
+/// Whether the conversion reads the volume: a PersistentVolumeClaim, an ephemeral one (a claim
+/// made from its template), or local storage (`hostPath`, `emptyDir`).
+fn read_by_the_conversion(v: &k8s::Volume) -> bool {
+    v.persistent_volume_claim.is_some()
+        || v.ephemeral.is_some()
+        || v.host_path.is_some()
+        || v.empty_dir.is_some()
 }
 
 /// `node` with only what the conversion and the controller read (node images and system info

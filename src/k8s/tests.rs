@@ -80,6 +80,51 @@ fn one_pod(v: Value) -> crate::model::Workload {
     load(vec![v]).unwrap().snapshot.workloads.remove(0)
 }
 
+/// Cluster Autoscaler's local-storage rule: `hostPath` and disk-backed `emptyDir` volumes count,
+/// unless `safe-to-evict-local-volumes` lists them; the controller's slimmed pods keep them.
+#[test]
+fn local_storage_and_safe_to_evict_are_read_from_the_pod() {
+    let mut v = pod("ml", "cache", json!([]));
+    v["spec"]["volumes"] = json!([
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        {"name": "host", "hostPath": {"path": "/var/cache"}},
+        {"name": "cfg", "configMap": {"name": "c"}}
+    ]);
+    let w = one_pod(v.clone());
+    assert_eq!(w.local_storage, ["scratch", "host"]);
+    assert!(!w.safe_to_evict);
+    let slim = slim_pod(serde_json::from_value(v.clone()).unwrap());
+    let kept: Vec<String> = slim.spec.unwrap().volumes.unwrap().into_iter().map(|v| v.name).collect();
+    assert_eq!(kept, ["scratch", "shm", "host"]);
+
+    v["metadata"]["annotations"] =
+        json!({"cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "host, scratch"});
+    assert!(one_pod(v.clone()).local_storage.is_empty());
+    v["metadata"]["annotations"] =
+        json!({"cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "host"});
+    assert_eq!(one_pod(v.clone()).local_storage, ["scratch"]);
+    v["metadata"]["annotations"] = json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"});
+    let w = one_pod(v);
+    assert!(w.safe_to_evict && w.eviction_blocked.is_none());
+}
+
+/// A pod in phase Unknown (its node's kubelet stopped reporting) may still run there: it stays
+/// bound, so drains wait for it and scale-down moves it; unbound, it is skipped as before.
+#[test]
+fn a_bound_pod_in_phase_unknown_is_kept() {
+    let mut v = pod("ml", "lost", json!([{"name": "m", "resources": {"requests": {"cpu": "1"}}}]));
+    v["status"]["phase"] = json!("Unknown");
+    let l = load(vec![v.clone()]).unwrap();
+    assert!(l.snapshot.workloads.is_empty() && l.warnings.iter().any(|w| w.contains("phase Unknown")));
+    v["spec"]["nodeName"] = json!("node-1");
+    let w = one_pod(v);
+    assert_eq!(
+        (w.id.as_str(), w.node_name.as_deref(), w.requests.cpu_milli),
+        ("ml/lost", Some("node-1"), 1000)
+    );
+}
+
 fn pod_err(v: Value) -> String {
     load(vec![v]).unwrap_err().to_string()
 }

@@ -36,7 +36,7 @@ pub use telemetry::{
     GpuSample, IdleTracker, MigSample, NodeTelemetry, TelemetrySettings, TELEMETRY_ANNOTATION,
 };
 pub use workload::{
-    DisruptionBudget, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind, PodAffinityTerm,
-    PodIdentity, Preferences, SelectorOperator, SpreadConstraint, Toleration, TolerationOperator, VolumeNeed,
-    Workload, WorkloadId, DEFAULT_SCHEDULER, VOLUME_TOPOLOGY_LABELS,
+    DisruptionBudget, DrainRules, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind,
+    PodAffinityTerm, PodIdentity, Preferences, SelectorOperator, SpreadConstraint, Toleration,
+    TolerationOperator, VolumeNeed, Workload, WorkloadId, DEFAULT_SCHEDULER, VOLUME_TOPOLOGY_LABELS,
 };

@@ -165,6 +165,15 @@ pub struct Workload {
     /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`), if it must not.
     #[serde(default)]
     pub eviction_blocked: Option<String>,
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"`: evicting it is fine although it
+    /// has local storage or runs in `kube-system` without a PodDisruptionBudget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub safe_to_evict: bool,
+    /// Its volumes that keep data on the node (`hostPath`, an `emptyDir` not in memory) and that
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes` does not list: an eviction
+    /// loses that data.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_storage: Vec<String>,
     /// Minimum members of its gang that must be placed together (PodGroup `minMember`); `None`
     /// means all members of the gang.
     #[serde(default)]
@@ -436,6 +445,47 @@ pub struct DisruptionBudget {
     pub selector: LabelSelector,
     /// `status.disruptionsAllowed`: evictions allowed right now.
     pub disruptions_allowed: u32,
+}
+
+/// Cluster Autoscaler's drain rules that are a policy choice, its `--skip-nodes-with-local-storage`
+/// and `--skip-nodes-with-system-pods` (both on by default); a pod annotated
+/// `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"` passes both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainRules {
+    /// A pod with local storage keeps its node.
+    pub local_storage: bool,
+    /// A `kube-system` pod no PodDisruptionBudget covers keeps its node.
+    pub system_pods: bool,
+}
+
+impl Workload {
+    /// Why evicting this running pod (not a DaemonSet or mirror pod) would lose work or break the
+    /// cluster, if it would, by the rules Cluster Autoscaler drains by; whether a covering budget
+    /// allows the eviction now is the caller's count.
+    pub fn drain_blocker(&self, rules: DrainRules, budgets: &[DisruptionBudget]) -> Option<String> {
+        let id = &self.id;
+        if let Some(reason) = &self.eviction_blocked {
+            return Some(format!("pod {id} must not be evicted ({reason})"));
+        }
+        if self.owner == OwnerKind::None {
+            return Some(format!("pod {id} has no controller and would be lost"));
+        }
+        if self.safe_to_evict {
+            return None;
+        }
+        if rules.system_pods && id.starts_with("kube-system/") && !budgets.iter().any(|b| b.covers(self)) {
+            return Some(format!(
+                "pod {id} is a kube-system pod no PodDisruptionBudget covers (planner.skipNodesWithSystemPods)"
+            ));
+        }
+        if rules.local_storage && !self.local_storage.is_empty() {
+            return Some(format!(
+                "pod {id} has local storage that eviction would lose ({}; planner.skipNodesWithLocalStorage)",
+                self.local_storage.join(", ")
+            ));
+        }
+        None
+    }
 }
 
 impl DisruptionBudget {

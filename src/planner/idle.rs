@@ -35,21 +35,25 @@ fn dra_devices_on(inv: &DraInventory, uuid: &str) -> Vec<u32> {
 }
 
 /// Finds idle allocated GPUs on ready nodes with telemetry. Only running pods count as holders.
-/// Telemetry older than `max_age` compared with the newest sample in the snapshot is ignored (the
-/// planner has no clock; an agent that stopped publishing falls behind the others).
+/// Telemetry older than `max_age` at `now` is ignored: when every agent stops publishing, their
+/// last "idle" readings must not keep reclaiming GPUs that may be busy again. Without a clock
+/// (`now` is `None`), the newest sample in the snapshot stands for it, which still catches an
+/// agent that fell behind the others.
 pub(crate) fn find(
     placer: &Placer<'_>,
     info: &[NodeInfo],
     workloads: &[Workload],
     groups: &[NodeGroup],
     settings: &TelemetrySettings,
+    now: Option<i64>,
 ) -> IdleReport {
     let mut out = IdleReport { idle: Vec::new(), reclaimable: vec![0; info.len()] };
     let newest = placer.nodes().iter().filter_map(|n| n.telemetry.as_ref()).map(|t| t.sampled_at).max();
+    let now = now.map(|t| u64::try_from(t).unwrap_or(0)).or(newest);
     for (n, node_info) in info.iter().enumerate() {
         let node = &placer.nodes()[n];
         let Some(t) = &node.telemetry else { continue };
-        if !newest.is_some_and(|now| t.is_fresh(now, settings.max_age)) {
+        if !now.is_some_and(|now| t.is_fresh(now, settings.max_age)) {
             continue;
         }
         let dra_gpus = node.dra.gpu_use().0;

@@ -73,6 +73,15 @@ pub struct PlannerSettings {
     /// Autoscaler's scale-down parallelism and Karpenter's disruption budgets. Later loops
     /// continue where this one stopped.
     pub max_disruptions: u32,
+    /// A node running a pod with local storage (`hostPath`, an `emptyDir` not in memory) is not
+    /// removed, as with Cluster Autoscaler's `--skip-nodes-with-local-storage` (its default):
+    /// eviction loses that data. `safe-to-evict: "true"` or `safe-to-evict-local-volumes` listing
+    /// the volumes lets the pod go.
+    pub skip_nodes_with_local_storage: bool,
+    /// A node running a `kube-system` pod (not a DaemonSet or mirror pod) that no
+    /// PodDisruptionBudget covers is not removed, as with Cluster Autoscaler's
+    /// `--skip-nodes-with-system-pods` (its default): cluster services go down while they move.
+    pub skip_nodes_with_system_pods: bool,
     /// How agent telemetry is used (the config file's `telemetry:` section, copied in by the
     /// caller).
     #[serde(skip)]
@@ -109,9 +118,23 @@ pub struct PlannerSettings {
     /// Cluster Autoscaler's `scale-down-unready-time`, set by the caller.
     #[serde(skip)]
     pub unready_seconds: f64,
+    /// The snapshot was saved earlier and does not say when (`gpuscale plan --snapshot`): its
+    /// telemetry is judged against its newest sample, not against `now`, so that planning a saved
+    /// file gives the same plan whenever it runs. Otherwise telemetry older than
+    /// `telemetry.maxAge` at `now` never counts, however recent the other nodes' samples are.
+    #[serde(skip)]
+    pub saved_snapshot: bool,
 }
 
 impl PlannerSettings {
+    /// The drain rules scale-down applies.
+    pub fn drain_rules(&self) -> crate::model::DrainRules {
+        crate::model::DrainRules {
+            local_storage: self.skip_nodes_with_local_storage,
+            system_pods: self.skip_nodes_with_system_pods,
+        }
+    }
+
     /// What is wrong with the settings, as (field, value, reason).
     pub fn problems(&self) -> Vec<(String, String, String)> {
         let mut out = Vec::new();
@@ -137,6 +160,8 @@ impl Default for PlannerSettings {
             consolidation: true,
             max_new_nodes: 1000,
             max_disruptions: 50,
+            skip_nodes_with_local_storage: true,
+            skip_nodes_with_system_pods: true,
             telemetry: Default::default(),
             tenancy: None,
             scheduler_names: [
@@ -153,6 +178,7 @@ impl Default for PlannerSettings {
             default_spread_constraints: Vec::new(),
             now: None,
             unready_seconds: DEFAULT_UNREADY_SECONDS,
+            saved_snapshot: false,
         }
     }
 }
@@ -403,7 +429,8 @@ fn plan_with(
     steps.push(("scale_up", started.elapsed()));
 
     // 3. Scale-down and consolidation, only when nothing waits for new capacity.
-    let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry);
+    let clock = if settings.saved_snapshot { None } else { settings.now };
+    let idle = idle::find(&placer, &info, &snapshot.workloads, &groups, &settings.telemetry, clock);
     out.idle_gpus = idle.idle;
     if settings.scale_down {
         let waiting: BTreeSet<&str> = out.unschedulable[held..].iter().map(|u| u.pod.as_str()).collect();
