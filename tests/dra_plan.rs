@@ -799,3 +799,55 @@ fn mig_advice_repartitions_a_dra_gpu_for_a_pending_mig_claim() {
         assert_eq!(p.unschedulable.len(), n, "{:?}", p.unschedulable);
     }
 }
+
+/// The review's EKS case (#45): p5 nodes whose device plugin is off
+/// (`nvidia.com/gpu.deploy.device-plugin=false`) publish their 8 GPUs as ResourceSlices, in a
+/// group whose config says nothing of DRA. The node is Ready DRA capacity, judged as `plan` and
+/// the controller judge it: the DRA pod goes there, and an 8-GPU device-plugin pod is not planned
+/// onto GPUs that no device plugin will ever advertise (nor counted twice with the slices').
+#[test]
+fn a_dra_only_node_in_a_group_without_dra_config_is_ready_dra_capacity() {
+    const PLAIN: &str = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    nodeGroups:
+      - {name: h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 16, targetSize: 1}
+"#;
+    let mut objects = device_classes();
+    let mut p5 = node("h100-dra", H100, "h100", 8, 0);
+    p5["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] = json!("false");
+    p5["metadata"]["creationTimestamp"] = json!("2025-03-01T08:00:00Z");
+    let plugin = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin8", "namespace": "ml"},
+      "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+          "requests": {"cpu": "1", "nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}}]},
+      "status": {"phase": "Pending"}});
+    objects.extend([
+        p5,
+        slice("h100-dra", gpus(8, H100)),
+        template("four", "gpu.nvidia.com", 4, &[]),
+        pod("dra", "four", true),
+        plugin,
+    ]);
+    let objs: Vec<SourcedObject> = objects.iter().cloned().map(|o| SourcedObject::new("t", o)).collect();
+    let mut snapshot = gpuscale::k8s::convert(&objs).expect("a valid snapshot").snapshot;
+    let groups = gpuscale::providers::config::load_strs(&[("groups.yaml", PLAIN)]).unwrap().node_groups();
+    let settings =
+        gpuscale::planner::readiness::LifecycleSettings { now: Some(1_765_000_000), ..Default::default() };
+    let verdicts = gpuscale::planner::readiness::judge_nodes(&mut snapshot, &groups, &settings);
+    assert!(verdicts.is_empty(), "{verdicts:?}");
+    assert_eq!(snapshot.nodes[0].state, gpuscale::model::NodeState::Ready);
+    assert!(snapshot.nodes[0].gpus.is_empty(), "no device-plugin GPUs on top of its slices");
+    let input = PlanInput { snapshot, groups, ..Default::default() };
+    let p = planner::plan(&input, &PlannerSettings { scale_down: false, ..Default::default() });
+    assert_eq!(placed(&p), vec![s("ml/dra", "h100-dra")], "{}", p.to_table());
+    assert!(p.placements.iter().all(|x| !x.node_in_flight), "{}", p.to_table());
+    // The group's new nodes are planned as its Ready node is (DRA only), and the config's promise
+    // of device-plugin GPUs is named in one warning.
+    assert_eq!(p.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), vec!["ml/plugin8"]);
+    assert!(p.scale_ups.is_empty(), "{}", p.to_table());
+    let w: Vec<&String> =
+        p.warnings.iter().filter(|w| w.contains("sim/h100") && w.contains("device plugin off")).collect();
+    assert_eq!(w.len(), 1, "{:#?}", p.warnings);
+}

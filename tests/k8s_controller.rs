@@ -24,17 +24,6 @@ use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-fn deleted_instances(c: &KubeCluster) -> Vec<Vec<String>> {
-    c.cloud
-        .operations()
-        .into_iter()
-        .filter_map(|r| match r.op {
-            Operation::DeleteInstances { instances, error: None, .. } => Some(instances),
-            _ => None,
-        })
-        .collect()
-}
-
 fn no_scale_down() -> PlannerSettings {
     PlannerSettings { scale_down: false, ..Default::default() }
 }
@@ -134,7 +123,7 @@ async fn an_underused_node_is_drained_through_the_eviction_api_and_deleted() {
     assert_eq!(evictions(&c, "web", 201), 1, "web left through the Eviction API");
     assert!(c.pod("big").await.is_some(), "the busy node's pod stays");
     assert!(c.node(&busy).await.is_some());
-    assert_eq!(deleted_instances(&c), vec![vec![idle_instance.clone()]], "that exact instance was deleted");
+    assert_eq!(c.deleted_instances(), vec![vec![idle_instance.clone()]], "that exact instance was deleted");
     assert_eq!(c.group("gpu-l4").target_size, 1);
     assert!(replica.recorder.with_prefix("drain_started").iter().any(|l| l.contains(&idle)));
     // Events on the (cluster-scoped) node go to `default`, and the server took every event.
@@ -190,7 +179,7 @@ async fn a_real_pod_disruption_budget_blocks_the_drain() {
     assert!(web["metadata"]["deletionTimestamp"].is_null());
     let node = c.node(&idle).await.expect("the node stays");
     assert_eq!(node["spec"]["unschedulable"], true, "cordoned while the drain waits");
-    assert!(deleted_instances(&c).is_empty());
+    assert!(c.deleted_instances().is_empty());
     assert!(!replica.recorder.with_prefix("eviction_blocked: ml/web").is_empty());
     replica.shutdown().await.unwrap();
     driver.abort();
@@ -525,7 +514,7 @@ async fn instances_whose_nodes_never_register_are_removed_and_the_group_backed_o
     let replica = c.controller("a", config, no_scale_down(), false).await;
     c.create(pod_json("ml", "train-0", 1, Some("Job"), None)).await;
     c.wait_until(WAIT, "a scale-up", || async { !c.set_target_calls().is_empty() }).await;
-    c.wait_until(WAIT, "the unregistered instance deleted", || async { !deleted_instances(&c).is_empty() })
+    c.wait_until(WAIT, "the unregistered instance deleted", || async { !c.deleted_instances().is_empty() })
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(c.set_target_calls(), vec![(0, 1)], "backed off, not grown again");
@@ -650,7 +639,7 @@ async fn an_api_server_crash_mid_drain_neither_loses_pods_nor_deletes_twice() {
         }
     }
     assert!(c.pod("big").await.is_some() && c.node(&busy).await.is_some(), "the busy node and its pod stay");
-    assert_eq!(deleted_instances(&c), vec![vec![idle_instance]], "the instance deleted once");
+    assert_eq!(c.deleted_instances(), vec![vec![idle_instance]], "the instance deleted once");
     assert_eq!(c.group("gpu-l4").target_size, 1);
     replica.shutdown().await.unwrap();
     driver.abort();
@@ -851,10 +840,10 @@ async fn b_takes_over_and_alone_rolls_the_gang_back_once(
     assert_eq!(targets.len(), 2, "one raise by a, one restore by b: {targets:?}");
     assert_eq!(targets[1].1, 0);
     assert_eq!(
-        deleted_instances(c).len(),
+        c.deleted_instances().len(),
         1,
         "the launched instance deleted once: {:?}",
-        deleted_instances(c)
+        c.deleted_instances()
     );
     let rolled_back = |r: &fixtures::Recorder| {
         r.with_prefix("scale_up_failed: sim/gpu-l4")
@@ -1117,7 +1106,7 @@ async fn an_underused_dra_node_is_drained_and_its_pods_claim_is_allocated_again_
         c.get(&format!("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/{old_claim}")).await.is_none()
     })
     .await;
-    assert_eq!(deleted_instances(&c), vec![vec![second_instance]], "that exact instance was deleted");
+    assert_eq!(c.deleted_instances(), vec![vec![second_instance]], "that exact instance was deleted");
     assert_eq!(c.group("gpu-h100").target_size, 1);
     assert!(c.set_target_calls().is_empty(), "no scale-up: {:?}", c.set_target_calls());
     assert_eq!(replica_pods(&c, "big").await[0].1, first, "big stays");

@@ -30,8 +30,7 @@ use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON,
 use gpuscale::controller::gate::Mutant;
 use gpuscale::model::{GpuSample, InstanceState, NodeTelemetry, TELEMETRY_ANNOTATION};
 use gpuscale::planner::PlannerSettings;
-use gpuscale::providers::simulated::Operation;
-use kube_cluster::{fast_config, node_name, pod_json, ControllerConfig, KubeCluster, Recorder};
+use kube_cluster::{fast_config, l4_group, node_name, pod_json, ControllerConfig, KubeCluster, Recorder};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -45,26 +44,6 @@ fn seeds() -> Vec<u64> {
     text.split(',')
         .map(|s| s.trim().parse().expect("GPUSCALE_SAFETY_SEEDS: comma-separated integers"))
         .collect()
-}
-
-/// One group of 4-GPU L4 nodes with `target` running and minimum `min`.
-fn providers(target: u32, min: u32, max: u32) -> String {
-    format!(
-        r#"
-accounts:
-  - name: sim
-    provider: simulated
-    region: us-east-1
-    simulation: {{bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}
-    nodeGroups:
-      - name: gpu-l4
-        instanceType: g6.12xlarge
-        zones: [us-east-1a]
-        minSize: {min}
-        maxSize: {max}
-        targetSize: {target}
-"#
-    )
 }
 
 /// What the sampler saw while a scenario ran.
@@ -162,27 +141,11 @@ fn audit(c: &KubeCluster, replicas: &[(&str, &Recorder)], seen: &Seen, paralleli
         .filter(|e| users.contains(&e.user) && e.resource == "nodes" && e.verb == "delete" && e.code < 300)
         .map(|e| e.name.clone())
         .collect();
-    for r in c.cloud.operations() {
-        if let Operation::DeleteInstances { instances, error: None, .. } = r.op {
-            removed.extend(instances.iter().map(|i| node_name(i)));
-        }
-    }
+    removed.extend(c.deleted_instances().concat().iter().map(|i| node_name(i)));
     for node in removed.iter().filter(|n| seen.ever_ready.contains(*n) && !drained.contains(*n)) {
         out.push(format!("5: node {node} had been Ready and was removed without a drain"));
     }
     out
-}
-
-fn deleted_instances(c: &KubeCluster) -> Vec<String> {
-    c.cloud
-        .operations()
-        .into_iter()
-        .filter_map(|r| match r.op {
-            Operation::DeleteInstances { instances, error: None, .. } => Some(instances),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 async fn patch_node(c: &KubeCluster, name: &str, patch: Value) {
@@ -243,7 +206,7 @@ async fn regress(c: &KubeCluster, node: &str, how: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regressed_nodes_running_pods_are_never_removed() {
     for seed in seeds() {
-        let c = KubeCluster::start(&providers(4, 0, 8), Options::default()).await;
+        let c = KubeCluster::start(&l4_group(4, 0, 8), Options::default()).await;
         let nodes = c.register_all_ready().await;
         for (i, n) in nodes.iter().enumerate() {
             c.create(pod_json("ml", &format!("train-{i}"), 3, Some("Job"), Some(n))).await;
@@ -271,7 +234,7 @@ async fn regressed_nodes_running_pods_are_never_removed() {
         .await;
         sampler.abort();
         driver.abort();
-        let gone = deleted_instances(&c);
+        let gone = c.deleted_instances().concat();
         assert!(gone.is_empty(), "seed {seed}: instances removed: {gone:?}");
         for (i, n) in nodes.iter().enumerate() {
             assert!(c.node(n).await.is_some(), "seed {seed}: node {n} deleted");
@@ -285,7 +248,7 @@ async fn regressed_nodes_running_pods_are_never_removed() {
 
 /// Two Ready nodes: the busy one runs a 3-GPU pod, the other `pod` (1 GPU), which fits beside it.
 async fn cluster_with(pod: Value, target: u32, min: u32) -> (Arc<KubeCluster>, String, String) {
-    let c = KubeCluster::start(&providers(target, min, 8), Options::default()).await;
+    let c = KubeCluster::start(&l4_group(target, min, 8), Options::default()).await;
     let nodes = c.register_all_ready().await;
     let (busy, idle) = (nodes[0].clone(), nodes[1].clone());
     c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&busy))).await;
@@ -321,7 +284,7 @@ async fn a_pod_that_outlives_its_capped_grace_keeps_its_node() {
         !replica.recorder.with_prefix(&format!("drain_abandoned: {idle}")).is_empty()
     })
     .await;
-    assert!(deleted_instances(&c).is_empty(), "terminated under a terminating pod");
+    assert!(c.deleted_instances().concat().is_empty(), "terminated under a terminating pod");
     let node = c.node(&idle).await.expect("the node is kept");
     assert!(!has_drain_marks(&node), "given back without drain marks: {node:#}");
     assert_ne!(node["spec"]["unschedulable"], true, "uncordoned");
@@ -359,7 +322,7 @@ async fn drain_under_way(c: &KubeCluster, node: &str) {
 /// Three nearly empty nodes in a group of minimum 2; a drain of one is under way and its pod's
 /// budget refuses every eviction. No second node is drained while it lasts.
 async fn min_size_scenario(seed: u64, mutant: Mutant) -> Vec<String> {
-    let c = KubeCluster::start(&providers(3, 2, 8), Options::default()).await;
+    let c = KubeCluster::start(&l4_group(3, 2, 8), Options::default()).await;
     let nodes = c.register_all_ready().await;
     let apps = ["svc-a", "svc-b", "svc-c"];
     for (n, app) in nodes.iter().zip(apps) {
@@ -398,7 +361,7 @@ async fn a_long_drain_counts_against_the_minimum() {
 /// name) is never drained, even empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_matched_by_label_alone_is_never_drained() {
-    let c = KubeCluster::start(&providers(1, 0, 8), Options::default()).await;
+    let c = KubeCluster::start(&l4_group(1, 0, 8), Options::default()).await;
     let nodes = c.register_all_ready().await;
     c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&nodes[0]))).await;
     let group = c.group("gpu-l4");
@@ -424,7 +387,7 @@ async fn a_node_matched_by_label_alone_is_never_drained() {
 /// of it that kube-scheduler gave another pod is kept, and so is that pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_rollback_keeps_a_node_running_another_pod() {
-    let c = KubeCluster::start(&providers(0, 0, 4), Options::default()).await;
+    let c = KubeCluster::start(&l4_group(0, 0, 4), Options::default()).await;
     c.cloud.set_zone_capacity("us-east-1a", Some(1));
     let (seen, sampler) = spawn_sampler(&c);
     let driver = c.spawn_driver(Duration::from_millis(100), 10);

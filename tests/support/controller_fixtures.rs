@@ -195,6 +195,11 @@ pub struct Replica {
 
 /// One simulated account, one group of 4-GPU L4 nodes.
 pub fn l4_providers(target: u32, max: u32) -> String {
+    l4_group(target, 0, max)
+}
+
+/// [`l4_providers`] with a minimum size.
+pub fn l4_group(target: u32, min: u32, max: u32) -> String {
     format!(
         r#"
 accounts:
@@ -206,7 +211,7 @@ accounts:
       - name: gpu-l4
         instanceType: g6.12xlarge
         zones: [us-east-1a]
-        minSize: 0
+        minSize: {min}
         maxSize: {max}
         targetSize: {target}
 "#

@@ -156,6 +156,20 @@ impl KubeCluster {
         self.cp.raw("POST", &collection, Some(obj)).await.unwrap_or_else(|e| panic!("create {path}: {e}"))
     }
 
+    /// The instances each successful `delete_instances` call named, in order.
+    pub fn deleted_instances(&self) -> Vec<Vec<String>> {
+        self.cloud
+            .operations()
+            .into_iter()
+            .filter_map(|r| match r.op {
+                gpuscale::providers::simulated::Operation::DeleteInstances {
+                    instances, error: None, ..
+                } => Some(instances),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The group size changes the cloud carried out, as (from, to).
     pub fn set_target_calls(&self) -> Vec<(u32, u32)> {
         self.cloud
