@@ -6,14 +6,16 @@
 //!
 //! 1. no pod other than DaemonSet and mirror pods is still on a node when its instance goes (the
 //!    harness's pod garbage collector would have to remove it);
-//! 2. every pod the controller removes leaves through the Eviction API (never a pod DELETE);
+//! 2. every pod the controller removes leaves through the Eviction API (never a pod DELETE, not
+//!    even one the chart's RBAC refuses);
 //! 3. no group has fewer nodes than its minimum once the drains under way are counted;
 //! 4. no more nodes are drained at once than `maxScaleDownParallelism`;
 //! 5. no node that has been Ready is removed (instance or Node) without a drain the controller
-//!    started for a reason.
+//!    started for a reason;
+//! 6. no replica writes (other than its Lease claims and Events) unless it holds the Lease: the
+//!    last successful write of the Lease before the write is its own, within the Lease's duration.
 //!
-//! Writes after a lost Lease are covered by `tests/k8s_controller.rs` (the fencing tests). Each
-//! scenario runs with the seeds of `GPUSCALE_SAFETY_SEEDS` (default `1,2`; the long form is
+//! Each scenario runs with the seeds of `GPUSCALE_SAFETY_SEEDS` (default `1,2`; the long form is
 //! `GPUSCALE_SAFETY_SEEDS=1,2,3,4,5,6,7,8 cargo test --all-features --test k8s_safety`), and each
 //! invariant is shown to fire by a controller with one rule broken on purpose
 //! (`gate::Mutant`).
@@ -37,6 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
+/// The controller's leader Lease (`kube-system/gpuscale-controller`).
+const LEASE: &str = "gpuscale-controller";
 
 /// The seeds every scenario runs with.
 fn seeds() -> Vec<u64> {
@@ -63,7 +67,8 @@ fn spawn_sampler(c: &Arc<KubeCluster>) -> (Arc<Mutex<Seen>>, tokio::task::JoinHa
     let (c, out) = (c.clone(), seen.clone());
     let task = tokio::spawn(async move {
         loop {
-            if let Some(list) = c.get("/api/v1/nodes").await {
+            // Errors (the API server restarting) skip a sample.
+            if let Ok(list) = c.cp.raw("GET", "/api/v1/nodes", None).await {
                 let nodes = list["items"].as_array().cloned().unwrap_or_default();
                 let mut seen = out.lock().unwrap();
                 let draining: Vec<&Value> = nodes.iter().filter(|n| has_drain_marks(n)).collect();
@@ -116,8 +121,12 @@ fn audit(c: &KubeCluster, replicas: &[(&str, &Recorder)], seen: &Seen, paralleli
     let users: BTreeSet<String> = replicas.iter().map(|(id, _)| KubeCluster::user(id)).collect();
     let audit = c.cp.audit();
     for e in audit.iter().filter(|e| users.contains(&e.user)) {
-        if e.resource == "pods" && e.verb == "delete" && e.subresource.is_empty() && e.code < 300 {
-            out.push(format!("2: {} deleted pod {}/{} instead of evicting it", e.user, e.namespace, e.name));
+        // Attempts count too: the chart's RBAC refuses pod deletes, which is a second line.
+        if e.resource == "pods" && e.verb == "delete" && e.subresource.is_empty() {
+            out.push(format!(
+                "2: {} deleted pod {}/{} instead of evicting it (HTTP {})",
+                e.user, e.namespace, e.name, e.code
+            ));
         }
     }
     for below in &seen.below_min {
@@ -144,6 +153,39 @@ fn audit(c: &KubeCluster, replicas: &[(&str, &Recorder)], seen: &Seen, paralleli
     removed.extend(c.deleted_instances().concat().iter().map(|i| node_name(i)));
     for node in removed.iter().filter(|n| seen.ever_ready.contains(*n) && !drained.contains(*n)) {
         out.push(format!("5: node {node} had been Ready and was removed without a drain"));
+    }
+    out.extend(writes_without_the_lease(&audit, &users));
+    out
+}
+
+/// Invariant 6, from the audit log alone: who held the Lease when each acting write arrived.
+fn writes_without_the_lease(audit: &[controlplane::AuditEvent], users: &BTreeSet<String>) -> Vec<String> {
+    let duration_ms = i64::from(fast_config().lease.duration_seconds) * 1000;
+    let claims: Vec<(i64, &str)> = audit
+        .iter()
+        .filter(|e| e.resource == "leases" && e.name == LEASE && e.code < 300)
+        .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch"))
+        .filter_map(|e| Some((e.received?.as_millisecond(), e.user.as_str())))
+        .collect();
+    let acting = audit.iter().filter(|e| users.contains(&e.user) && e.code < 300).filter(|e| {
+        !matches!(e.verb.as_str(), "get" | "list" | "watch")
+            && !matches!(e.resource.as_str(), "leases" | "events")
+            && !(e.resource == "serviceaccounts" && e.subresource == "token")
+    });
+    let mut out = Vec::new();
+    for e in acting {
+        let Some(at) = e.received.map(|t| t.as_millisecond()) else { continue };
+        let holder = claims.iter().filter(|(t, _)| *t <= at).max_by_key(|(t, _)| *t);
+        let held = holder.is_some_and(|(t, who)| *who == e.user && at - t <= duration_ms);
+        if !held {
+            out.push(format!(
+                "6: {} wrote {} {} at {at} ms while the Lease was {:?}'s",
+                e.user,
+                e.verb,
+                e.uri,
+                holder.map(|(t, who)| format!("{who} since {t} ms"))
+            ));
+        }
     }
     out
 }
@@ -447,4 +489,333 @@ async fn the_auditor_catches_a_controller_that_skips_the_drain() {
 async fn the_auditor_catches_a_controller_that_ignores_the_minimum() {
     let violations = min_size_scenario(1, Mutant::IgnoreMinimum).await;
     assert!(violations.iter().any(|v| v.starts_with("3: group sim/gpu-l4")), "{violations:#?}");
+}
+
+/// Four Ready nodes of one group: three run a 1-GPU pod each that a finalizer keeps terminating
+/// once evicted (its drain lasts), one runs a 3-GPU pod. One pass plans to empty three nodes;
+/// `maxScaleDownParallelism: 1` lets one drain run at a time.
+async fn parallelism_scenario(seed: u64, mutant: Mutant) -> Vec<String> {
+    let c = KubeCluster::start(&l4_group(4, 0, 8), Options::default()).await;
+    let nodes = c.register_all_ready().await;
+    c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&nodes[0]))).await;
+    for (i, n) in nodes[1..].iter().enumerate() {
+        let mut p = pod_json("ml", &format!("web-{i}"), 1, Some("ReplicaSet"), Some(n));
+        p["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
+        c.create(p).await;
+    }
+    let (seen, sampler) = spawn_sampler(&c);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config =
+        ControllerConfig { max_scale_down_parallelism: 1, drain_grace_cap_seconds: 2.0, ..fast_config() };
+    let replica = c.mutant_controller("a", config, PlannerSettings::default(), false, mutant).await;
+    tokio::time::sleep(Duration::from_millis(3000 + 500 * seed)).await;
+    sampler.abort();
+    driver.abort();
+    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 1);
+    assert!(
+        !replica.recorder.with_prefix("drain_started: ").is_empty(),
+        "seed {seed}: the scenario must drain something"
+    );
+    replica.shutdown().await.unwrap();
+    violations
+}
+
+/// `maxScaleDownParallelism` holds while the drains last (Cluster Autoscaler's
+/// `max-scale-down-parallelism`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_never_exceed_the_parallelism() {
+    for seed in seeds() {
+        let violations = parallelism_scenario(seed, Mutant::None).await;
+        assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+    }
+}
+
+/// Mutant: a controller that ignores `maxScaleDownParallelism`. The auditor must see more drains
+/// at once than it allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auditor_catches_a_controller_that_ignores_the_parallelism() {
+    let violations = parallelism_scenario(1, Mutant::IgnoreParallelism).await;
+    assert!(violations.iter().any(|v| v.starts_with("4: ")), "{violations:#?}");
+}
+
+/// Mutant: a controller that deletes pods instead of evicting them. The auditor must see the
+/// pod DELETE in the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auditor_catches_a_controller_that_deletes_pods() {
+    let (c, _busy, _idle) = cluster_with(pod_json("ml", "web", 1, Some("ReplicaSet"), None), 2, 0).await;
+    // An operator's broader RBAC lets the deletes through, so the mutant's effect is real.
+    c.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "test-pod-deleter"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]}))
+        .await;
+    c.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "test-pod-deleter"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-pod-deleter"},
+        "subjects": [{"kind": "ServiceAccount", "name": "gpuscale-a", "namespace": "kube-system"}]}))
+    .await;
+    let (seen, sampler) = spawn_sampler(&c);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica =
+        c.mutant_controller("a", fast_config(), PlannerSettings::default(), false, Mutant::DeletePods).await;
+    c.wait_until(WAIT, "web deleted", || async {
+        c.cp.audit()
+            .iter()
+            .any(|e| e.resource == "pods" && e.verb == "delete" && e.name == "web" && e.code < 300)
+    })
+    .await;
+    sampler.abort();
+    driver.abort();
+    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+    assert!(violations.iter().any(|v| v.starts_with("2: ") && v.contains("ml/web")), "{violations:#?}");
+    replica.shutdown().await.unwrap();
+}
+
+/// Mutant: a second replica that acts without the Lease while the first holds it. The auditor
+/// must see its writes from the audit log alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auditor_catches_a_replica_that_ignores_the_lease() {
+    let (c, _busy, idle) = cluster_with(pod_json("ml", "web", 1, Some("ReplicaSet"), None), 2, 0).await;
+    let (seen, sampler) = spawn_sampler(&c);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    // a leads with a long unneeded window, so b (acting at once) is the one that drains.
+    let slow = ControllerConfig { scale_down_unneeded_seconds: 600.0, ..fast_config() };
+    let a = c.controller("a", slow, PlannerSettings::default(), false).await;
+    c.wait_until(WAIT, "a holds the Lease", || async {
+        let lease =
+            c.get(&format!("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/{LEASE}")).await;
+        lease.is_some_and(|l| l["spec"]["holderIdentity"] == "a")
+    })
+    .await;
+    let b =
+        c.mutant_controller("b", fast_config(), PlannerSettings::default(), false, Mutant::IgnoreLease).await;
+    c.wait_until(WAIT, "b drained the idle node", || async {
+        !b.recorder.with_prefix(&format!("drain_started: {idle}")).is_empty()
+    })
+    .await;
+    sampler.abort();
+    driver.abort();
+    let violations = audit(&c, &[("a", &a.recorder), ("b", &b.recorder)], &seen.lock().unwrap(), 10);
+    let b_user = KubeCluster::user("b");
+    assert!(violations.iter().any(|v| v.starts_with(&format!("6: {b_user}"))), "{violations:#?}");
+    assert!(
+        !violations.iter().any(|v| v.starts_with(&format!("6: {}", KubeCluster::user("a")))),
+        "{violations:#?}"
+    );
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+/// Makes the API server refuse `operation` (e.g. `DELETE`) on `resource` (core group, cluster
+/// scoped) by replica `identity`: a ValidatingAdmissionPolicy denying its ServiceAccount.
+async fn refuse_for(c: &KubeCluster, identity: &str, operation: &str, resource: &str) {
+    let name = format!("test-refuse-{}-{resource}-{identity}", operation.to_lowercase());
+    let user = KubeCluster::user(identity);
+    c.create(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": [operation], "resources": [resource],
+            }]},
+            "validations": [{
+                "expression": format!("request.userInfo.username != '{user}'"),
+                "message": format!("test: {operation} of {resource} by {identity} refused"),
+            }],
+        },
+    }))
+    .await;
+    c.create(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }))
+    .await;
+    // Policies load asynchronously: give the API server time to see this one.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+/// Where in a scale-down the controller crashes.
+#[derive(Debug, Clone, Copy)]
+enum CrashAt {
+    /// The node is marked for the drain.
+    DrainStarted,
+    /// Its pod has been evicted and is still terminating.
+    PodTerminating,
+    /// Its instance is terminated and the Node's deletion was refused.
+    InstanceGone,
+}
+
+/// A scale-down with the controller crashing (no Lease release, no clean-up) at `at`, and a new
+/// replica finishing it: the node's pod is evicted (never deleted), its instance terminated once,
+/// the Node deleted, the group shrunk once, and nothing is stranded.
+async fn crash_during_scale_down(at: CrashAt) {
+    let mut web = pod_json("ml", "web", 1, Some("ReplicaSet"), None);
+    web["spec"]["terminationGracePeriodSeconds"] = json!(600);
+    web["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
+    let (c, busy, idle) = cluster_with(web, 2, 0).await;
+    if matches!(at, CrashAt::InstanceGone) {
+        // No cloud node lifecycle controller to delete the Node for us: the controller must.
+        c.collect_nodes.store(false, std::sync::atomic::Ordering::SeqCst);
+        refuse_for(&c, "a", "DELETE", "nodes").await;
+        // Let the pod go once evicted: this crash comes after it.
+        c.cp.raw_patch("/api/v1/namespaces/ml/pods/web", &json!({"metadata": {"finalizers": null}})).await;
+    }
+    let (seen, sampler) = spawn_sampler(&c);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config = ControllerConfig { drain_grace_cap_seconds: 2.0, ..fast_config() };
+    let a = c.controller("a", config.clone(), PlannerSettings::default(), false).await;
+    let what = format!("{at:?}");
+    c.wait_until(WAIT, &what, || async {
+        match at {
+            CrashAt::DrainStarted => c.node(&idle).await.is_some_and(|n| has_drain_marks(&n)),
+            CrashAt::PodTerminating => {
+                c.pod("web").await.is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+            }
+            CrashAt::InstanceGone => !c.deleted_instances().is_empty(),
+        }
+    })
+    .await;
+    a.task.abort();
+    let a_seen = a.recorder.clone();
+    if matches!(at, CrashAt::InstanceGone) {
+        assert!(c.node(&idle).await.is_some(), "a's Node deletion was refused");
+    }
+    let b = c.controller("b", config, PlannerSettings::default(), false).await;
+    if !matches!(at, CrashAt::InstanceGone) {
+        c.wait_until(WAIT, "web evicted", || async {
+            c.pod("web").await.is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+        })
+        .await;
+        c.cp.raw_patch("/api/v1/namespaces/ml/pods/web", &json!({"metadata": {"finalizers": null}})).await;
+    }
+    c.wait_until(WAIT, "the node removed", || async { c.node(&idle).await.is_none() }).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sampler.abort();
+    driver.abort();
+    assert_eq!(c.deleted_instances().concat().len(), 1, "{at:?}: one instance terminated, once");
+    assert_eq!(c.group("gpu-l4").target_size, 1, "{at:?}: the group shrunk once");
+    assert!(c.node(&busy).await.is_some(), "{at:?}");
+    let evictions = c
+        .cp
+        .audit()
+        .into_iter()
+        .filter(|e| e.resource == "pods" && e.subresource == "eviction" && e.name == "web" && e.code < 300)
+        .count();
+    assert!(evictions >= 1, "{at:?}: web left through the Eviction API");
+    let violations = audit(&c, &[("a", &a_seen), ("b", &b.recorder)], &seen.lock().unwrap(), 10);
+    assert!(violations.is_empty(), "{at:?}: {violations:#?}");
+    b.shutdown().await.unwrap();
+}
+
+/// A controller restarted at every step of a scale-down neither double-removes nor strands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_crash_at_any_step_of_a_scale_down_strands_nothing() {
+    for at in [CrashAt::DrainStarted, CrashAt::PodTerminating, CrashAt::InstanceGone] {
+        crash_during_scale_down(at).await;
+    }
+}
+
+/// The API server restarts while a drain waits on a terminating pod: the controller reconnects,
+/// terminates nothing under the pod, and removes the node once the pod is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_restart_during_a_drain_removes_nothing_under_its_pods() {
+    for seed in seeds() {
+        let mut web = pod_json("ml", "web", 1, Some("ReplicaSet"), None);
+        web["spec"]["terminationGracePeriodSeconds"] = json!(600);
+        web["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
+        let (c, busy, idle) = cluster_with(web, 2, 0).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let config = ControllerConfig { drain_grace_cap_seconds: 3.0, ..fast_config() };
+        let replica = c.controller("a", config, PlannerSettings::default(), false).await;
+        c.wait_until(WAIT, "web evicted", || async {
+            c.pod("web").await.is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+        })
+        .await;
+        c.cp.restart_apiserver(Duration::from_millis(500 + 1000 * seed)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(c.deleted_instances().is_empty(), "seed {seed}: terminated under a terminating pod");
+        c.cp.raw_patch("/api/v1/namespaces/ml/pods/web", &json!({"metadata": {"finalizers": null}})).await;
+        c.wait_until(WAIT, "the node removed", || async { c.node(&idle).await.is_none() }).await;
+        sampler.abort();
+        driver.abort();
+        assert_eq!(c.deleted_instances().concat().len(), 1, "seed {seed}");
+        assert!(c.node(&busy).await.is_some(), "seed {seed}");
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+        replica.shutdown().await.unwrap();
+    }
+}
+
+/// Telemetry of an L4 node whose four GPUs have been idle since `idle_since`, sampled at
+/// `sampled_at` (seconds).
+fn idle_l4(sampled_at: u64, idle_since: u64) -> Value {
+    let sample = NodeTelemetry {
+        sampled_at,
+        gpus: (0..4)
+            .map(|i| GpuSample {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                model: "L4".into(),
+                utilization_pct: Some(0),
+                memory_used_bytes: 0,
+                memory_total_bytes: 2,
+                ecc_errors: 0,
+                healthy: true,
+                mig: vec![],
+                idle_since: Some(idle_since),
+            })
+            .collect(),
+    };
+    json!({"metadata": {"annotations": {TELEMETRY_ANNOTATION: sample.encode()}}})
+}
+
+/// The node agents stop publishing: the last samples said the opted-in notebooks' GPUs were
+/// idle, but stale telemetry reclaims nothing (the notebooks may be busy again). Once fresh
+/// samples say the same, the node is reclaimed through a drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_from_agents_that_stopped_reclaims_nothing() {
+    for seed in seeds() {
+        let c = KubeCluster::start(&l4_group(3, 0, 8), Options::default()).await;
+        let nodes = c.register_all_ready().await;
+        c.create(pod_json("ml", "train-a", 3, Some("Job"), Some(&nodes[0]))).await;
+        c.create(pod_json("ml", "train-b", 3, Some("Job"), Some(&nodes[1]))).await;
+        for i in 0..2 {
+            let mut p = pod_json("ml", &format!("notebook-{i}"), 1, Some("ReplicaSet"), Some(&nodes[2]));
+            p["metadata"]["annotations"] = json!({"gpuscale.io/reclaim-idle": "true"});
+            c.create(p).await;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().as_second() as u64;
+        // Sampled an hour ago (and more, by seed), idle for a day before that.
+        let stale = now - 3600 * (1 + seed);
+        patch_node(&c, &nodes[2], idle_l4(stale, stale - 86_400)).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let planner = PlannerSettings {
+            scale_down_utilization: 0.5,
+            telemetry: gpuscale::model::TelemetrySettings { idle_window: 3600, max_age: 600 },
+            ..Default::default()
+        };
+        let replica = c.controller("a", fast_config(), planner, false).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(
+            replica.recorder.with_prefix("drain_started: ").is_empty(),
+            "seed {seed}: stale telemetry drained a node: {:#?}",
+            replica.recorder.lines.lock().unwrap()
+        );
+        let now = k8s_openapi::jiff::Timestamp::now().as_second() as u64;
+        patch_node(&c, &nodes[2], idle_l4(now, now - 86_400)).await;
+        c.wait_until(WAIT, "the idle node drained once its telemetry is fresh", || async {
+            !replica.recorder.with_prefix(&format!("drain_started: {}", nodes[2])).is_empty()
+        })
+        .await;
+        sampler.abort();
+        driver.abort();
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+        replica.shutdown().await.unwrap();
+    }
 }

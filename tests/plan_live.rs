@@ -314,3 +314,157 @@ accounts:
     assert_eq!(ups, vec![("sim/h100", 1)], "{live:#}");
     assert!(live["scaleUps"][0]["pods"].as_array().unwrap().contains(&json!("ml/want8")), "{live:#}");
 }
+
+fn ago(seconds: i64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    k8s_openapi::jiff::Timestamp::from_second(now - seconds).unwrap().to_string()
+}
+
+/// The node lifecycle (#45) read live from a real API server: the README's mixed cluster with a
+/// node NotReady for a month, a node registering now without its GPUs, and a node being deleted
+/// (a finalizer holds it). The live plan equals the plan of the export, says each state and why,
+/// gives the NotReady and the deleted node no pods, and plans the Ready mixed-MIG A100 node with
+/// what it advertises (its free 2g instance takes the pending 2g pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
+    const NOT_READY: &str = "ip-10-0-61-9.ec2.internal";
+    const STARTING: &str = "ip-10-0-52-88.ec2.internal";
+    const DELETING: &str = "ip-10-0-21-15.ec2.internal";
+    const MIXED_MIG: &str = "ip-10-0-12-34.ec2.internal";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cluster: Value = serde_json::from_slice(
+        &std::fs::read(root.join("examples/snapshots/mixed-gpu-cluster.json")).unwrap(),
+    )
+    .unwrap();
+    let items = cluster["items"].as_array_mut().unwrap();
+    // PodGroups need the coscheduling CRD, which this control plane does not serve.
+    items.retain(|o| o["kind"] != "PodGroup");
+    items.retain(|o| !(o["kind"] == "Pod" && o["spec"]["nodeName"] == STARTING));
+    for o in items.iter_mut().filter(|o| o["kind"] == "Node") {
+        match o["metadata"]["name"].as_str().unwrap() {
+            NOT_READY => {
+                o["status"]["conditions"] = json!([{"type": "Ready", "status": "False", "reason": "NodeStatusUnknown",
+                    "lastHeartbeatTime": ago(30 * 86_400), "lastTransitionTime": ago(30 * 86_400)}]);
+                o["spec"]["taints"].as_array_mut().unwrap().extend([
+                    json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}),
+                    json!({"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}),
+                ]);
+            }
+            STARTING => {
+                o["status"]["allocatable"]["nvidia.com/gpu"] = json!("0");
+                o["status"]["capacity"]["nvidia.com/gpu"] = json!("0");
+            }
+            DELETING => o["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]),
+            _ => {}
+        }
+    }
+    let cp = ControlPlane::start(Options { scheduler: false, ..Default::default() }).await;
+    let mut namespaces = BTreeSet::new();
+    for item in cluster["items"].as_array().unwrap() {
+        if let Some(ns) = item["metadata"]["namespace"].as_str() {
+            if namespaces.insert(ns.to_string()) {
+                cp.ensure_namespace(ns).await;
+            }
+        }
+        create(&cp, item).await;
+    }
+    cp.raw("DELETE", &format!("/api/v1/nodes/{DELETING}"), None).await.expect("delete the node");
+    let dir = tempfile::tempdir().unwrap();
+    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
+    let providers = root.join("examples/providers/simulated.yaml");
+    let p = providers.to_str().unwrap();
+    let (live, _) =
+        ok(gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "-o", "json"], None), "live");
+    let export = dir.path().join("export.json");
+    std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(&cp, &[CORE_KINDS]).await).unwrap())
+        .unwrap();
+    let (exported, _) = ok(
+        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
+        "export",
+    );
+    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+
+    let warnings: Vec<&str> = live["warnings"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for said in [
+        format!("Node {NOT_READY}: unready (NotReady since "),
+        format!("Node {STARTING}: starting (its device plugin advertises no GPUs yet"),
+        format!("Node {DELETING}: being deleted"),
+    ] {
+        assert!(warnings.iter().any(|w| w.starts_with(&said)), "{said}: {warnings:#?}");
+    }
+    assert!(!warnings.iter().any(|w| w.contains(MIXED_MIG)), "{warnings:#?}");
+    let on = |node: &str| -> Vec<String> {
+        let placements = live["placements"].as_array().unwrap();
+        placements
+            .iter()
+            .filter(|x| x["node"] == node)
+            .map(|x| x["pod"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(on(NOT_READY).is_empty() && on(DELETING).is_empty(), "{live:#}");
+    assert!(on(MIXED_MIG).iter().any(|pod| pod.starts_with("ml-inference/reranker-")), "{live:#}");
+}
+
+/// The EKS case of #45 read live: a p5 whose device plugin is off publishes its 8 GPUs as
+/// ResourceSlices, in a group whose config says nothing of DRA. The DRA pod is planned onto the
+/// Ready node (not in flight); the 8-GPU device-plugin pod is not planned onto GPUs no device
+/// plugin advertises, and nothing is bought for it in a group whose nodes have none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_only_node_read_live_is_ready_dra_capacity() {
+    use dra::*;
+    let mut objects = device_classes();
+    let mut p5 = node("h100-dra", H100, "h100", 8, 0);
+    p5["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] = json!("false");
+    let plugin = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin8", "namespace": "ml"},
+      "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+          "requests": {"cpu": "1", "nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}}]}});
+    objects.extend([
+        p5,
+        slice("h100-dra", gpus(8, H100)),
+        template("four", "gpu.nvidia.com", 4, &[]),
+        pod("dra", "four", true),
+        plugin,
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers.yaml");
+    std::fs::write(
+        &providers,
+        r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    nodeGroups:
+      - {name: h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 0, maxSize: 16, targetSize: 1}
+"#,
+    )
+    .unwrap();
+    let cp = ControlPlane::start(Options { scheduler: false, ..Default::default() }).await;
+    cp.ensure_namespace("ml").await;
+    for o in &objects {
+        create(&cp, o).await;
+    }
+    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
+    let p = providers.to_str().unwrap();
+    let (live, _) =
+        ok(gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "-o", "json"], None), "live");
+    let export = dir.path().join("export.json");
+    std::fs::write(
+        &export,
+        serde_json::to_vec_pretty(&kubectl_export(&cp, &[CORE_KINDS, DRA_KINDS]).await).unwrap(),
+    )
+    .unwrap();
+    let (exported, _) = ok(
+        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
+        "export",
+    );
+    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+    let placements = live["placements"].as_array().unwrap();
+    let dra = placements.iter().find(|x| x["pod"] == "ml/dra").unwrap_or_else(|| panic!("{live:#}"));
+    assert_eq!(dra["node"], "h100-dra", "{live:#}");
+    assert_ne!(dra["nodeInFlight"], true, "{live:#}");
+    let unschedulable: Vec<&str> =
+        live["unschedulable"].as_array().unwrap().iter().map(|u| u["pod"].as_str().unwrap()).collect();
+    assert_eq!(unschedulable, vec!["ml/plugin8"], "{live:#}");
+    assert!(live["scaleUps"].as_array().unwrap().is_empty(), "{live:#}");
+}

@@ -79,6 +79,8 @@ pub enum Eviction {
 pub struct KubeActuator {
     client: Client,
     fence: Fence,
+    /// A rule broken on purpose by the fault-injection suite (`DeletePods`); `None` otherwise.
+    mutant: super::gate::Mutant,
 }
 
 const CONFLICT_RETRIES: usize = 5;
@@ -86,7 +88,13 @@ const CONFLICT_RETRIES: usize = 5;
 impl KubeActuator {
     /// An actuator on `client` whose writes are issued only while `fence` holds.
     pub fn new(client: Client, fence: Fence) -> Self {
-        Self { client, fence }
+        Self { client, fence, mutant: Default::default() }
+    }
+
+    /// This actuator with a rule broken on purpose (the fault-injection suite's mutants).
+    #[doc(hidden)]
+    pub fn with_mutant(self, mutant: super::gate::Mutant) -> Self {
+        Self { mutant, ..self }
     }
 
     /// The leadership check before a write.
@@ -323,6 +331,18 @@ impl KubeActuator {
         });
         if let Some(g) = grace_seconds {
             eviction["deleteOptions"] = serde_json::json!({"gracePeriodSeconds": g});
+        }
+        if self.mutant == super::gate::Mutant::DeletePods && !dry_run {
+            let params = DeleteParams { grace_period_seconds: grace_seconds, ..Default::default() };
+            return match api.delete(name, &params).await {
+                Ok(_) => Ok(Eviction::Evicted),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(Eviction::Gone),
+                Err(cause) => Err(ApiError {
+                    op: "delete",
+                    object: format!("Pod {namespace}/{name}"),
+                    cause: ApiCause::Kube(cause),
+                }),
+            };
         }
         let params = PostParams { dry_run, ..Default::default() };
         let posted: Result<serde_json::Value, _> =

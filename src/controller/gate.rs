@@ -32,6 +32,13 @@ pub enum Mutant {
     SkipDrain,
     /// Minimum sizes are taken to be 0, in the plan and in the gate.
     IgnoreMinimum,
+    /// `maxScaleDownParallelism` is taken to be unbounded.
+    IgnoreParallelism,
+    /// Pods are deleted instead of evicted through the Eviction API (PodDisruptionBudgets are
+    /// not asked).
+    DeletePods,
+    /// The replica acts whether or not it holds the leader Lease.
+    IgnoreLease,
 }
 
 /// Removals under way: drains started (their marks are on the Nodes) and instances removed in

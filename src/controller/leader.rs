@@ -116,18 +116,27 @@ mod adapter {
     #[derive(Debug, Clone)]
     pub struct Fence {
         rx: watch::Receiver<Option<Instant>>,
+        /// The [`super::super::gate::Mutant::IgnoreLease`] test mutant: holds whatever the Lease.
+        ignored: bool,
     }
 
     impl Fence {
         /// A fence and the sender the elector publishes its claim on.
         pub fn channel() -> (watch::Sender<Option<Instant>>, Fence) {
             let (tx, rx) = watch::channel(None);
-            (tx, Fence { rx })
+            (tx, Fence { rx, ignored: false })
+        }
+
+        /// This fence, broken on purpose: it always holds (the fault-injection suite's
+        /// `IgnoreLease` mutant, never reached from a config).
+        #[doc(hidden)]
+        pub fn ignoring_lease(self) -> Self {
+            Self { ignored: true, ..self }
         }
 
         /// Whether this replica may act now: it holds a claim whose renew deadline has not passed.
         pub fn holds(&self) -> bool {
-            self.rx.borrow().is_some_and(|until| Instant::now() < until)
+            self.ignored || self.rx.borrow().is_some_and(|until| Instant::now() < until)
         }
 
         /// `Ok` when [`Fence::holds`], else [`NotLeading`]: the check before a write.
@@ -141,6 +150,9 @@ mod adapter {
 
         /// Resolves once this replica may no longer act (at once if it may not now).
         pub async fn lost(&self) {
+            if self.ignored {
+                return std::future::pending().await;
+            }
             let mut rx = self.rx.clone();
             loop {
                 let until = *rx.borrow_and_update();

@@ -314,8 +314,15 @@ impl Controller {
         options: ControllerOptions,
         observer: Arc<dyn Observer>,
     ) -> Self {
-        let (claim, fence) = Fence::channel();
-        let actuator = KubeActuator::new(client.clone(), fence.clone());
+        let (claim, mut fence) = Fence::channel();
+        if options.mutant == gate::Mutant::IgnoreLease {
+            fence = fence.ignoring_lease();
+        }
+        let mut options = options;
+        if options.mutant == gate::Mutant::IgnoreParallelism {
+            options.config.max_scale_down_parallelism = u32::MAX;
+        }
+        let actuator = KubeActuator::new(client.clone(), fence.clone()).with_mutant(options.mutant);
         // Cloud writes wait for rate-limit tokens and retry after backoffs (`Polite`): each
         // attempt is checked against the fence, not only the first.
         providers.set_write_gate(Arc::new({

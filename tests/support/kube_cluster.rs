@@ -61,6 +61,9 @@ pub struct KubeCluster {
     /// Pods the pod garbage collector removed because their node was gone, other than DaemonSet
     /// and mirror pods: work destroyed without a drain (`namespace/name on node`).
     pub killed: Mutex<Vec<String>>,
+    /// Whether the Nodes of terminated instances are deleted (the cloud node lifecycle
+    /// controller's work; off: a cluster where it lags or is missing).
+    pub collect_nodes: AtomicBool,
 }
 
 fn lp() -> ListParams {
@@ -118,6 +121,7 @@ impl KubeCluster {
             registered: Mutex::new(BTreeMap::new()),
             chart_roles: Mutex::new(None),
             killed: Mutex::new(Vec::new()),
+            collect_nodes: AtomicBool::new(true),
         })
     }
 
@@ -348,7 +352,7 @@ impl KubeCluster {
             .filter(|(id, _)| !live.contains_key(*id))
             .map(|(id, (n, _, _))| (id.clone(), n.clone()))
             .collect();
-        for (id, name) in gone {
+        for (id, name) in gone.into_iter().filter(|_| self.collect_nodes.load(Ordering::SeqCst)) {
             match self.nodes().delete(&name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
