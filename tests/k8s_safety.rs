@@ -819,3 +819,41 @@ async fn telemetry_from_agents_that_stopped_reclaims_nothing() {
         replica.shutdown().await.unwrap();
     }
 }
+
+/// The leader crashes in the middle of a gang scale-up (its instances launching): the next leader
+/// resumes the gang from its record, once. The gang runs on the nodes launched for it, the group
+/// is never scaled twice for it, and nothing is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_crash_mid_gang_is_resumed_once_by_the_next() {
+    for seed in seeds() {
+        let c = KubeCluster::start(&l4_group(0, 0, 4), Options::default()).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let config = ControllerConfig { gang_timeout_seconds: 60.0, ..fast_config() };
+        let planner = PlannerSettings { scale_down: false, ..Default::default() };
+        let a = c.controller("a", config.clone(), planner.clone(), false).await;
+        for i in 0..2 {
+            let mut p = pod_json("ml", &format!("worker-{i}"), 3, Some("Job"), None);
+            p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+            c.create(p).await;
+        }
+        c.wait_until(WAIT, "a scaled for the gang", || async { !c.set_target_calls().is_empty() }).await;
+        tokio::time::sleep(Duration::from_millis(100 * seed)).await;
+        a.task.abort();
+        let a_seen = a.recorder.clone();
+        let b = c.controller("b", config, planner, false).await;
+        c.wait_until(WAIT, "the gang running", || async {
+            c.running_on("worker-0").await.is_some() && c.running_on("worker-1").await.is_some()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        sampler.abort();
+        driver.abort();
+        let calls = c.set_target_calls();
+        assert_eq!(calls, vec![(0, 2)], "seed {seed}: scaled once for the gang");
+        assert!(c.deleted_instances().is_empty(), "seed {seed}");
+        let violations = audit(&c, &[("a", &a_seen), ("b", &b.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+        b.shutdown().await.unwrap();
+    }
+}

@@ -321,14 +321,14 @@ fn ago(seconds: i64) -> String {
 }
 
 /// The node lifecycle (#45) read live from a real API server: the README's mixed cluster with a
-/// node NotReady for a month, a node registering now without its GPUs, and a node being deleted
-/// (a finalizer holds it). The live plan equals the plan of the export, says each state and why,
+/// node NotReady for a month, a Ready node whose device plugin advertises no GPUs, and a node
+/// being deleted (a finalizer holds it). The live plan equals the plan of the export, says each state and why,
 /// gives the NotReady and the deleted node no pods, and plans the Ready mixed-MIG A100 node with
 /// what it advertises (its free 2g instance takes the pending 2g pod).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
     const NOT_READY: &str = "ip-10-0-61-9.ec2.internal";
-    const STARTING: &str = "ip-10-0-52-88.ec2.internal";
+    const REGRESSED: &str = "ip-10-0-52-88.ec2.internal";
     const DELETING: &str = "ip-10-0-21-15.ec2.internal";
     const MIXED_MIG: &str = "ip-10-0-12-34.ec2.internal";
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -339,7 +339,7 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
     let items = cluster["items"].as_array_mut().unwrap();
     // PodGroups need the coscheduling CRD, which this control plane does not serve.
     items.retain(|o| o["kind"] != "PodGroup");
-    items.retain(|o| !(o["kind"] == "Pod" && o["spec"]["nodeName"] == STARTING));
+    items.retain(|o| !(o["kind"] == "Pod" && o["spec"]["nodeName"] == REGRESSED));
     for o in items.iter_mut().filter(|o| o["kind"] == "Node") {
         match o["metadata"]["name"].as_str().unwrap() {
             NOT_READY => {
@@ -350,7 +350,7 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
                     json!({"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}),
                 ]);
             }
-            STARTING => {
+            REGRESSED => {
                 o["status"]["allocatable"]["nvidia.com/gpu"] = json!("0");
                 o["status"]["capacity"]["nvidia.com/gpu"] = json!("0");
             }
@@ -359,6 +359,18 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
         }
     }
     let cp = ControlPlane::start(Options { scheduler: false, ..Default::default() }).await;
+    // The example's pods name PriorityClasses, which admission requires to exist.
+    let mut classes = std::collections::BTreeMap::new();
+    for pod in cluster["items"].as_array().unwrap().iter().filter(|o| o["kind"] == "Pod") {
+        if let Some(class) = pod["spec"]["priorityClassName"].as_str() {
+            classes.insert(class.to_string(), pod["spec"]["priority"].as_i64().unwrap_or(0));
+        }
+    }
+    for (name, value) in classes {
+        cp.apply(json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value}))
+            .await;
+    }
     let mut namespaces = BTreeSet::new();
     for item in cluster["items"].as_array().unwrap() {
         if let Some(ns) = item["metadata"]["namespace"].as_str() {
@@ -373,13 +385,24 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
     let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
     let providers = root.join("examples/providers/simulated.yaml");
     let p = providers.to_str().unwrap();
-    let (live, _) =
-        ok(gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "-o", "json"], None), "live");
+    // The API server stamps every node as registered now: a one-second registration time makes
+    // them as old as the example's (a node registering now is `plan_of_the_live_cluster_…`'s).
+    let config = dir.path().join("gpuscale.yaml");
+    std::fs::write(&config, "controller:\n  registrationTimeoutSeconds: 1\n").unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let c = config.to_str().unwrap();
+    let (live, _) = ok(
+        gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "--config", c, "-o", "json"], None),
+        "live",
+    );
     let export = dir.path().join("export.json");
     std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(&cp, &[CORE_KINDS]).await).unwrap())
         .unwrap();
     let (exported, _) = ok(
-        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
+        gpuscale(
+            &["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "--config", c, "-o", "json"],
+            None,
+        ),
         "export",
     );
     assert_eq!(live, exported, "live plan vs plan of the kubectl export");
@@ -387,7 +410,7 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
     let warnings: Vec<&str> = live["warnings"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     for said in [
         format!("Node {NOT_READY}: unready (NotReady since "),
-        format!("Node {STARTING}: starting (its device plugin advertises no GPUs yet"),
+        format!("Node {REGRESSED}: unready (Ready, but its device plugin advertises no GPUs"),
         format!("Node {DELETING}: being deleted"),
     ] {
         assert!(warnings.iter().any(|w| w.starts_with(&said)), "{said}: {warnings:#?}");
@@ -401,7 +424,7 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
             .map(|x| x["pod"].as_str().unwrap().to_string())
             .collect()
     };
-    assert!(on(NOT_READY).is_empty() && on(DELETING).is_empty(), "{live:#}");
+    assert!(on(NOT_READY).is_empty() && on(DELETING).is_empty() && on(REGRESSED).is_empty(), "{live:#}");
     assert!(on(MIXED_MIG).iter().any(|pod| pod.starts_with("ml-inference/reranker-")), "{live:#}");
 }
 

@@ -344,6 +344,7 @@ pub fn convert_node(
             None
         },
         device_plugin_disabled: labels.get(DEVICE_PLUGIN_DEPLOY_LABEL).is_some_and(|v| v == "false"),
+        mig_layout_applied: labels.get("nvidia.com/mig.config.state").is_some_and(|v| v == "success"),
         unready_since: None,
     };
     let is_true = |key: &str| annotations.get(key).is_some_and(|v| v.eq_ignore_ascii_case("true"));

@@ -84,6 +84,10 @@ pub struct NodeLifecycle {
     /// on nodes whose GPUs NVIDIA's DRA driver publishes): it never advertises `nvidia.com/gpu`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub device_plugin_disabled: bool,
+    /// The MIG manager reports its layout applied (`nvidia.com/mig.config.state=success`): the MIG
+    /// instances the node advertises are its GPUs, whatever layout its group's config names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mig_layout_applied: bool,
     /// Since when it has been unready, where no condition says it (a GPU regression): the
     /// controller keeps this between passes; a plan of a snapshot does not know it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

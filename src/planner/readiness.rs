@@ -57,6 +57,9 @@ pub fn classify(node: &Node, template: Option<&Node>) -> Readiness {
             template.gpus.len()
         ));
     }
+    // The MIG manager says the layout it applied is done: a re-partitioned node (by hand, or on
+    // gpuscale's own MIG advice) offers the instances it advertises, not the config's layout.
+    let mig_final = node.lifecycle.mig_layout_applied;
     for (want, have) in template.gpus.iter().zip(&node.gpus) {
         match (&want.mode, &have.mode) {
             (GpuMode::TimeSliced { replicas: w }, GpuMode::TimeSliced { replicas: h }) if h >= w => {}
@@ -67,7 +70,7 @@ pub fn classify(node: &Node, template: Option<&Node>) -> Readiness {
                 ))
             }
             (GpuMode::Mig { instances: w, dynamic: false }, GpuMode::Mig { instances: h, .. })
-                if h.len() < w.len() =>
+                if h.len() < w.len() && !mig_final =>
             {
                 return Readiness::InFlight(format!(
                     "GPU {} advertises {} of its {} MIG instances",
@@ -77,7 +80,7 @@ pub fn classify(node: &Node, template: Option<&Node>) -> Readiness {
                 ))
             }
             (GpuMode::Mig { .. }, GpuMode::Mig { .. }) => {}
-            (GpuMode::Mig { .. }, _) => {
+            (GpuMode::Mig { .. }, _) if !mig_final => {
                 return Readiness::InFlight(format!("GPU {} does not advertise MIG profiles yet", have.index))
             }
             _ => {}
@@ -354,6 +357,10 @@ mod tests {
             v[0].why.contains("MIG instances") && v[0].why.contains("registered 2023-11-14T22:11:20Z"),
             "{v:?}"
         );
+        // Unless the MIG manager says the layout it applied is done: then it is the node's.
+        let mut applied = aged(a100(Some(3)), 120);
+        applied.lifecycle.mig_layout_applied = true;
+        assert_eq!(judged(applied, template.clone()).0.state, NodeState::Ready);
         // Without a creation time: a node running pods has been Ready before.
         let (mut snapshot, groups) = snapshot_of(a100(Some(3)), template.clone());
         snapshot.workloads.push(Workload {
