@@ -17,6 +17,7 @@ pub mod model;
 pub mod planner;
 pub mod providers;
 pub mod scheduler;
+pub mod shown;
 pub mod sim;
 pub mod tenancy;
 pub mod textfile;

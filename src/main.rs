@@ -28,7 +28,17 @@ fn main() -> std::process::ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Messages quote names and values from the input: each goes through the one escaping
+            // function, so none can forge a line; several config problems are one line each.
+            use gpuscale::providers::config::ConfigError;
+            match err.downcast_ref::<ConfigError>() {
+                Some(ConfigError::Multiple(errors)) => {
+                    for e in errors {
+                        eprintln!("error: {}", gpuscale::shown::Shown(e));
+                    }
+                }
+                _ => eprintln!("error: {}", gpuscale::shown::Shown(format_args!("{err:#}"))),
+            }
             std::process::ExitCode::from(2)
         }
     }

@@ -8,18 +8,23 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Running and pending pods per node when `--running` and `--pending` are not given: a cluster of
+/// any `--nodes` has the shape of the default one (5,000 nodes, 50,000 running, 10,000 pending).
+const RUNNING_PER_NODE: usize = 10;
+const PENDING_PER_NODE: usize = 2;
+
 /// Arguments of `gpuscale generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     /// GPU nodes (H100, A100, A100 in MIG, time-sliced L4 and A10G pools).
     #[arg(long, default_value_t = 5000)]
     nodes: usize,
-    /// Running pods, spread over the nodes.
-    #[arg(long, default_value_t = 50_000)]
-    running: usize,
-    /// Pending pods.
-    #[arg(long, default_value_t = 10_000)]
-    pending: usize,
+    /// Running pods, spread over the nodes (default: 10 per node).
+    #[arg(long)]
+    running: Option<usize>,
+    /// Pending pods (default: 2 per node).
+    #[arg(long)]
+    pending: Option<usize>,
     /// Random seed (the same arguments give the same files).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -36,8 +41,8 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let shape = ListShape {
         nodes: args.nodes,
-        running: args.running,
-        pending: args.pending,
+        running: args.running.unwrap_or(args.nodes.saturating_mul(RUNNING_PER_NODE)),
+        pending: args.pending.unwrap_or(args.nodes.saturating_mul(PENDING_PER_NODE)),
         seed: args.seed,
         managed_fields: args.managed_fields,
     };

@@ -65,9 +65,73 @@ pub fn init_logging(format: LogFormat) {
     let builder =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => builder.fmt_fields(ShownFields).init(),
+        // JSON's own string escaping keeps every value exact and on its line.
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// Text log fields with every value through [`gpuscale::shown::shown`] (names, reasons and error
+/// messages from the cluster and the clouds): a newline in a pod name cannot forge a log or plan
+/// line on stderr, and ESC reads as it does in the plan table (`\u{1b}`).
+struct ShownFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for ShownFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = ShownVisitor { writer, result: Ok(()), first: true };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+/// Writes `message` as it is and other fields as `name=value`, every value escaped.
+struct ShownVisitor<'w> {
+    writer: tracing_subscriber::fmt::format::Writer<'w>,
+    result: std::fmt::Result,
+    first: bool,
+}
+
+impl ShownVisitor<'_> {
+    fn field(&mut self, field: &tracing::field::Field, value: std::fmt::Arguments<'_>) {
+        if self.result.is_err() {
+            return;
+        }
+        let sep = if std::mem::take(&mut self.first) { "" } else { " " };
+        let value = gpuscale::shown::Shown(value);
+        self.result = match field.name() {
+            "message" => write!(self.writer, "{sep}{value}"),
+            name => write!(self.writer, "{sep}{}={value}", name.trim_start_matches("r#")),
+        };
+    }
+}
+
+impl tracing::field::Visit for ShownVisitor<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.field(field, format_args!("{value}"));
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.field(field, format_args!("{value:?}"));
+    }
+}
+
+/// A kube-rs config error as one message: kube quotes an unreadable kubeconfig's path twice
+/// (`'"/path"'`), which this writes once (`/path`).
+#[cfg(feature = "controller")]
+pub fn kube_config_message(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cause {
+        if let Some(kube::config::KubeconfigError::ReadConfig(_, path)) = e.downcast_ref() {
+            text = text.replace(&format!("'{path:?}'"), &path.display().to_string());
+        }
+        cause = e.source();
+    }
+    text
 }
 
 /// Runs a parsed command line.

@@ -121,17 +121,27 @@ fn read_live(
         // kube's messages already hold their causes, which `source()` would repeat.
         let kube_config = match (&args.kubeconfig, &args.context) {
             (Some(path), _) => {
-                let file = Kubeconfig::read_from(path)
-                    .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(file, &options)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("--kubeconfig {}: {e}", path.display()))?
+                let read = |e: &(dyn std::error::Error + 'static)| {
+                    // The path once: kube's message names it again.
+                    let message = super::kube_config_message(e);
+                    let shown = path.display().to_string();
+                    if message.contains(&shown) {
+                        anyhow::anyhow!("--kubeconfig: {message}")
+                    } else {
+                        anyhow::anyhow!("--kubeconfig {shown}: {message}")
+                    }
+                };
+                let file = Kubeconfig::read_from(path).map_err(|e| read(&e))?;
+                kube::Config::from_custom_kubeconfig(file, &options).await.map_err(|e| read(&e))?
             }
             (None, Some(context)) => kube::Config::from_kubeconfig(&options)
                 .await
-                .map_err(|e| anyhow::anyhow!("--context {context}: {e}"))?,
+                .map_err(|e| anyhow::anyhow!("--context {context}: {}", super::kube_config_message(&e)))?,
             (None, None) => kube::Config::infer().await.map_err(|e| {
-                anyhow::anyhow!("finding the Kubernetes API server (kubeconfig or in-cluster): {e}")
+                anyhow::anyhow!(
+                    "finding the Kubernetes API server (kubeconfig or in-cluster): {}",
+                    super::kube_config_message(&e)
+                )
             })?,
         };
         let server = kube_config.cluster_url.to_string();
@@ -257,7 +267,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         _ => config::load_files(&args.providers)?,
     };
     if let Some(what) = &what {
-        eprintln!("gpuscale plan: {what}");
+        eprintln!("gpuscale plan: {}", gpuscale::shown::Shown(what));
     }
     let groups = if args.live_groups {
         live_groups(&providers)?

@@ -68,7 +68,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         // kube's message already holds its causes, which its `source()` chain would repeat.
         let kube_config = kube::Config::infer().await.map_err(|e| {
-            anyhow::anyhow!("finding the Kubernetes API server (in-cluster or kubeconfig): {e}")
+            anyhow::anyhow!(
+                "finding the Kubernetes API server (in-cluster or kubeconfig): {}",
+                super::kube_config_message(&e)
+            )
         })?;
         let client = gpuscale::controller::client(kube_config).context("building the Kubernetes client")?;
         let set = ProviderSet::connect(&providers).await?;

@@ -4,6 +4,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use gpuscale::model::Workload;
 use gpuscale::scheduler::PolicyKind;
+use gpuscale::shown::Shown;
 use gpuscale::sim::inflation::{self, CurvePoint, InflationConfig, InflationResult};
 use gpuscale::trace::openb;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -182,7 +183,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(out) = &args.out {
         write_outputs(out, &summaries, args.inflate)?;
-        eprintln!("wrote {0}/curve.csv, {0}/summary.json and {0}/allocation.svg", out.display());
+        eprintln!(
+            "wrote {}, {} and {}",
+            Shown(out.join("curve.csv").display()),
+            Shown(out.join("summary.json").display()),
+            Shown(out.join("allocation.svg").display())
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -378,7 +384,7 @@ fn run_tenants(args: &SimulateArgs, spec: &str, nodes_path: &std::path::Path) ->
         let json_path = out.join("summary.json");
         std::fs::write(&json_path, serde_json::to_vec_pretty(&result)?)
             .with_context(|| format!("writing {}", json_path.display()))?;
-        eprintln!("wrote {0}/tenants.csv and {0}/summary.json", out.display());
+        eprintln!("wrote {} and {}", Shown(out.join("tenants.csv").display()), Shown(json_path.display()));
     }
     Ok(ExitCode::SUCCESS)
 }

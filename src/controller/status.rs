@@ -34,6 +34,7 @@ use super::metrics::Metrics;
 use crate::model::{dollars, ClusterSnapshot, NodeGroup, NodeState};
 use crate::planner::cluster::GroupIndex;
 use crate::planner::Plan;
+use crate::shown::shown;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
@@ -408,8 +409,9 @@ impl StatusPublisher {
             return;
         }
         let reference = self.reference(kind, namespace, name).await;
-        // The API limits notes to 1 kB.
-        let mut note = note;
+        // Names and reasons in the note come from the cluster and the clouds; the API limits
+        // notes to 1 kB.
+        let mut note = shown(&note).into_owned();
         if note.len() > 1024 {
             let mut cut = 1021;
             while !note.is_char_boundary(cut) {
@@ -724,7 +726,8 @@ impl StatusPublisher {
             ..Default::default()
         };
         let warning = condition.type_ == "Failed" || condition.reason == "CapacityIsNotFound";
-        let note = format!("{}={}: {}", condition.type_, condition.status, condition.message);
+        let note =
+            shown(&format!("{}={}: {}", condition.type_, condition.status, condition.message)).into_owned();
         let ev = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: condition.reason.clone(),
@@ -1017,8 +1020,9 @@ fn group_data(
     now: Timestamp,
 ) -> BTreeMap<String, String> {
     let mut d = BTreeMap::new();
+    // One line per key: names, reasons and cloud errors escaped as everywhere else.
     let mut put = |k: &str, v: String| {
-        d.insert(k.to_string(), v);
+        d.insert(k.to_string(), shown(&v).into_owned());
     };
     put("group", g.id.clone());
     put("instanceType", g.instance_type.clone());
@@ -1051,9 +1055,10 @@ fn group_data(
         }
         _ => put("backoff", "false".into()),
     }
-    put("lastPlan", group_plan_summary(plan, &g.id));
     put("dryRun", dry_run.to_string());
     put("lastUpdated", now.to_string());
+    // Several lines, each escaped on its own.
+    d.insert("lastPlan".into(), group_plan_summary(plan, &g.id));
     d
 }
 
@@ -1069,23 +1074,29 @@ fn group_plan_summary(plan: &Plan, id: &str) -> String {
             a.to.saturating_sub(a.from),
             a.pods.len(),
             usd(a.cost_per_hour),
-            a.reason
+            shown(&a.reason)
         );
     }
     for a in plan.scale_downs.iter().filter(|a| a.group == id) {
-        let _ = writeln!(out, "scale-down node {}, -{}: {}", a.node, usd(a.saving_per_hour), a.reason);
+        let _ = writeln!(
+            out,
+            "scale-down node {}, -{}: {}",
+            shown(&a.node),
+            usd(a.saving_per_hour),
+            shown(&a.reason)
+        );
     }
     for a in plan.replacements.iter().filter(|a| a.group == id) {
         let _ = writeln!(
             out,
             "replace node {} by one node of {}, -{}",
-            a.node,
-            a.replacement_group,
+            shown(&a.node),
+            shown(&a.replacement_group),
             usd(a.saving_per_hour)
         );
     }
     for a in plan.replacements.iter().filter(|a| a.replacement_group == id) {
-        let _ = writeln!(out, "add one node to replace node {} of {}", a.node, a.group);
+        let _ = writeln!(out, "add one node to replace node {} of {}", shown(&a.node), shown(&a.group));
     }
     if out.is_empty() {
         out.push_str("no action\n");
@@ -1174,6 +1185,50 @@ mod tests {
             "{note}"
         );
         assert_eq!(cut.placements[..], plan.placements[..cut.placements.len()]);
+    }
+
+    /// A group's status ConfigMap shows names and reasons from the cluster as the plan table does:
+    /// a newline cannot add a line to `lastPlan`, ESC cannot reach a terminal.
+    #[test]
+    fn status_configmap_values_are_escaped_as_the_table_is() {
+        use crate::planner::ScaleDown;
+        let evil = "ip-1\nscale-up 0 -> 100\u{1b}[2J";
+        let plan = Plan {
+            scale_downs: vec![ScaleDown {
+                node: evil.into(),
+                group: "sim/g".into(),
+                instance: None,
+                moves: vec![],
+                reason: "idle\r\u{202e}".into(),
+                saving_per_hour: dollars(1.0),
+            }],
+            ..Default::default()
+        };
+        let summary = group_plan_summary(&plan, "sim/g");
+        assert_eq!(summary.lines().count(), 1, "{summary}");
+        assert!(!summary.contains('\u{1b}') && !summary.contains('\u{202e}'), "{summary:?}");
+        assert!(summary.contains(&*shown(evil)) && summary.contains(r"idle\r\u{202e}"), "{summary}");
+        assert!(plan.to_table().contains(&*shown(evil)));
+        let group = NodeGroup {
+            id: "sim/g".into(),
+            account: "sim".into(),
+            instance_type: "g6.xlarge".into(),
+            zones: vec![],
+            capacity_type: crate::model::CapacityType::OnDemand,
+            price: 1,
+            min_size: 0,
+            max_size: 3,
+            target_size: 1,
+            instances: vec![],
+            template: Default::default(),
+        };
+        let mem = GroupMemory {
+            last_scale_down: Some((Timestamp::UNIX_EPOCH, format!("removed node {evil}"))),
+            ..Default::default()
+        };
+        let data = group_data(&plan, &group, &mem, None, false, Timestamp::UNIX_EPOCH);
+        assert_eq!(data["lastScaleDownReason"], format!("removed node {}", shown(evil)));
+        assert_eq!(data["lastPlan"], summary);
     }
 
     #[test]

@@ -29,9 +29,12 @@ pub fn read_path(path: &Path, warnings: &mut Vec<String>) -> Result<Vec<SourcedO
     read_path_with(path, InputLimits::default(), warnings)
 }
 
-/// [`read_path`] within `limits`. In a folder, manifests that are not text (binary data), Helm or
-/// Go templates that do not parse, and empty files are skipped with a warning naming them; a
-/// file named directly must parse.
+/// [`read_path`] within `limits`. In a folder, what is not a manifest of Kubernetes objects is
+/// skipped with one warning naming it: binary data, Helm or Go templates that do not parse, empty
+/// files, package and tool manifests (`package.json`, `tsconfig.json`, a Helm chart's
+/// `Chart.yaml` and `values.yaml`), files whose documents are none of them a Kubernetes object
+/// (no `kind`, nor `apiVersion` with `metadata`), and anything that is not a regular file (FIFOs,
+/// devices and sockets are never opened). A file named directly must parse.
 pub fn read_path_with(
     path: &Path,
     limits: InputLimits,
@@ -52,7 +55,11 @@ pub fn read_path_with(
     let mut out = Vec::new();
     let mut read_any = false;
     for file in files {
-        let text = match read_file(&file, limits) {
+        if let Some(what) = known_non_manifest(&file) {
+            warnings.push(format!("{}: {what}, not Kubernetes objects; skipped", file.display()));
+            continue;
+        }
+        let text = match read_folder_file(&file, limits) {
             Err(SnapshotError::Text { origin, reason: reason @ TextError::Binary { .. } }) => {
                 warnings.push(format!("{origin}: {reason}; skipped"));
                 continue;
@@ -60,6 +67,13 @@ pub fn read_path_with(
             other => other?,
         };
         match parse_text(&file, &text) {
+            Ok(objects) if !objects.iter().any(|o| is_kubernetes_object(&o.value)) => {
+                warnings.push(format!(
+                    "{}: no document in it is a Kubernetes object (none has a kind, nor an apiVersion with metadata); skipped",
+                    file.display()
+                ));
+                continue;
+            }
             Ok(objects) => out.extend(objects),
             Err(e @ (SnapshotError::Json { .. } | SnapshotError::Yaml { .. })) if text.contains("{{") => {
                 warnings.push(format!(
@@ -117,6 +131,76 @@ pub(crate) fn is_json(path: &Path, text: &str) -> bool {
     }
 }
 
+/// Well-known files that share manifests' extensions but hold no Kubernetes objects (package and
+/// tool manifests, a Helm chart's definition and values), and what each is.
+fn known_non_manifest(path: &Path) -> Option<&'static str> {
+    let name = path.file_name()?.to_str()?;
+    let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+    Some(match name {
+        "package.json" | "package-lock.json" | "composer.json" => "a package manifest",
+        "Chart.yaml" => "a Helm chart's definition",
+        "values.schema.json" => "a Helm chart's values schema",
+        "jsconfig.json" => "a JavaScript project config",
+        _ if name.starts_with("tsconfig") && name.ends_with(".json") => "a TypeScript project config",
+        _ if name.starts_with("values") && yaml => "Helm values",
+        _ => return None,
+    })
+}
+
+/// Whether a document is meant as a Kubernetes object: it has a `kind`, or an `apiVersion` and
+/// `metadata` (an object missing its kind still fails, naming the field).
+fn is_kubernetes_object(value: &Value) -> bool {
+    value.get("kind").is_some_and(Value::is_string)
+        || (value.get("apiVersion").is_some_and(Value::is_string)
+            && value.get("metadata").is_some_and(Value::is_object))
+}
+
+/// A file of a folder: only a regular file (or a link to one) is read, and it is opened without
+/// blocking, so that a FIFO, device or socket swapped in after the walk cannot hang the read.
+fn read_folder_file(path: &Path, limits: InputLimits) -> Result<String, SnapshotError> {
+    let io = |cause| SnapshotError::Io { path: path.to_path_buf(), cause };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = options.open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(SnapshotError::NotObjects {
+            origin: path.display().to_string(),
+            reason: format!("{}, not a regular file", special_kind(&meta.file_type())),
+        });
+    }
+    read_text_sized(file, limits, meta.len())
+        .map_err(|reason| SnapshotError::Text { origin: path.display().to_string(), reason })
+}
+
+/// What a file that is not a regular file or folder is, for warnings.
+#[cfg(unix)]
+fn special_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else if t.is_dir() {
+        "a folder"
+    } else {
+        "not a regular file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "a folder"
+    } else {
+        "not a regular file"
+    }
+}
+
 fn read_file(path: &Path, limits: InputLimits) -> Result<String, SnapshotError> {
     let io = |cause| SnapshotError::Io { path: path.to_path_buf(), cause };
     let file = std::fs::File::open(path).map_err(io)?;
@@ -145,8 +229,25 @@ fn collect_files(
             continue;
         }
         let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-        if matches!(ext.as_deref(), Some("json" | "yaml" | "yml")) {
-            out.push(path);
+        if !matches!(ext.as_deref(), Some("json" | "yaml" | "yml")) {
+            continue;
+        }
+        // FIFOs, devices and sockets are never opened: reading one could block for ever. (The
+        // type is the link target's; a dangling link is left for the read to report.)
+        let target = if file_type.is_symlink() {
+            std::fs::metadata(&path).ok().map(|m| m.file_type())
+        } else {
+            Some(file_type)
+        };
+        match target {
+            Some(t) if !t.is_file() => {
+                warnings.push(format!(
+                    "{}: {}, not a regular file; skipped",
+                    path.display(),
+                    special_kind(&t)
+                ));
+            }
+            _ => out.push(path),
         }
     }
     Ok(())

@@ -155,11 +155,14 @@ pub enum DeviceAssignment {
         /// Compute share per GPU.
         milli: u32,
         /// Memory per GPU, MiB.
+        #[serde(rename = "memoryMib")]
         memory_mib: u64,
     },
-    /// MIG instances as (GPU index, placement).
+    /// MIG instances as (GPU index, placement); in JSON and YAML, objects
+    /// `{gpu, profile, start}`.
     Mig {
         /// The instances.
+        #[serde(with = "mig_instances")]
         instances: Vec<(u8, MigPlacement)>,
     },
     /// Time-sliced replicas, one entry per replica.
@@ -167,6 +170,37 @@ pub enum DeviceAssignment {
         /// GPU index of each replica.
         gpus: Vec<u8>,
     },
+}
+
+/// MIG instances of a [`DeviceAssignment`] as named fields: `{"gpu": 0, "profile": "1g.10gb",
+/// "start": 2}`.
+mod mig_instances {
+    use super::MigPlacement;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Instance {
+        /// GPU index on the node.
+        gpu: u8,
+        /// MIG profile, e.g. `1g.10gb`.
+        profile: String,
+        /// First memory slice.
+        start: u8,
+    }
+
+    pub fn serialize<S: Serializer>(instances: &[(u8, MigPlacement)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(instances.iter().map(|(gpu, p)| Instance {
+            gpu: *gpu,
+            profile: p.profile.clone(),
+            start: p.start,
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u8, MigPlacement)>, D::Error> {
+        let list = Vec::<Instance>::deserialize(d)?;
+        Ok(list.into_iter().map(|i| (i.gpu, MigPlacement { profile: i.profile, start: i.start })).collect())
+    }
 }
 
 #[cfg(test)]

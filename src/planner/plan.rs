@@ -55,7 +55,9 @@ pub struct ScaleDown {
     pub group: String,
     /// Cloud instance id, when known.
     pub instance: Option<String>,
-    /// Pods that move, with the node each would move to.
+    /// Pods that move, with the node each would move to; in JSON and YAML, objects
+    /// `{pod, toNode}`.
+    #[serde(serialize_with = "moves_value")]
     pub moves: Vec<(String, String)>,
     /// Why.
     pub reason: String,
@@ -231,18 +233,7 @@ pub struct RequestOutcome {
     pub groups: Vec<String>,
 }
 
-/// `text` with every control character (line breaks, terminal escapes, bidirectional overrides)
-/// written as a `\u{..}` escape: names and reasons come from the snapshot, and must not be able
-/// to forge plan lines or drive the terminal.
-pub fn shown(text: &str) -> Cow<'_, str> {
-    let bad = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-    if !text.chars().any(bad) {
-        return Cow::Borrowed(text);
-    }
-    Cow::Owned(
-        text.chars().map(|c| if bad(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect(),
-    )
-}
+pub use crate::shown::shown;
 
 /// The scaling plan for one snapshot.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
@@ -291,6 +282,17 @@ fn usd_option<S: serde::Serializer>(micro: &Option<MicroDollarsPerHour>, s: S) -
         Some(m) => usd_value(m, s),
         None => s.serialize_none(),
     }
+}
+
+/// Pod moves as named fields: `{"pod": "ml/web-0", "toNode": "ip-10-0-1-2"}`.
+fn moves_value<S: serde::Serializer>(moves: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Move<'a> {
+        pod: &'a str,
+        to_node: &'a str,
+    }
+    s.collect_seq(moves.iter().map(|(pod, to_node)| Move { pod, to_node }))
 }
 
 fn usd(micro: MicroDollarsPerHour) -> String {
@@ -489,7 +491,7 @@ mod tests {
         let table = plan.to_table();
         assert!(!table.contains('\u{1b}') && !table.contains('\u{202e}'), "{table:?}");
         assert!(table.lines().all(|l| !l.starts_with("SCALE-UP")), "{table}");
-        assert!(table.contains(r"ml/evil\u{a}SCALE-UP") && table.contains(r"\u{1b}[2Jcleared"), "{table}");
+        assert!(table.contains(r"ml/evil\nSCALE-UP") && table.contains(r"\u{1b}[2Jcleared"), "{table}");
         assert_eq!(shown("ml/web-0"), Cow::Borrowed("ml/web-0"));
     }
 }
