@@ -167,11 +167,12 @@ fn writes_without_the_lease(audit: &[controlplane::AuditEvent], users: &BTreeSet
         .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch"))
         .filter_map(|e| Some((e.received?.as_millisecond(), e.user.as_str())))
         .collect();
-    let acting = audit.iter().filter(|e| users.contains(&e.user) && e.code < 300).filter(|e| {
-        !matches!(e.verb.as_str(), "get" | "list" | "watch")
-            && !matches!(e.resource.as_str(), "leases" | "events")
-            && !(e.resource == "serviceaccounts" && e.subresource == "token")
-    });
+    let reporting = |e: &controlplane::AuditEvent| {
+        matches!(e.verb.as_str(), "get" | "list" | "watch")
+            || matches!(e.resource.as_str(), "leases" | "events")
+            || (e.resource == "serviceaccounts" && e.subresource == "token")
+    };
+    let acting = audit.iter().filter(|e| users.contains(&e.user) && e.code < 300 && !reporting(e));
     let mut out = Vec::new();
     for e in acting {
         let Some(at) = e.received.map(|t| t.as_millisecond()) else { continue };
