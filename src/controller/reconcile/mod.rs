@@ -175,7 +175,8 @@ struct Schedule {
 struct Election {
     task: Option<JoinHandle<()>>,
     stop: watch::Sender<bool>,
-    /// A dry-run replica's claim, held so that its fence stays open and never leads.
+    /// A dry-run replica's claim, never sent on but held: the loop stops when the fence's channel
+    /// closes.
     _never_leading: Option<watch::Sender<Option<tokio::time::Instant>>>,
 }
 
