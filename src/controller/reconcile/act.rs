@@ -9,7 +9,7 @@ use crate::controller::actuate::Eviction;
 use crate::controller::drain::{self, DrainOutcome};
 use crate::controller::snapshot::ClusterView;
 use crate::controller::status::split_pod;
-use crate::controller::{gate, readiness};
+use crate::controller::{gate, provisioning, readiness};
 use crate::model::{ErrorClass, NodeGroup};
 use crate::planner::cluster::group_of;
 use crate::planner::decide::Command;
@@ -76,16 +76,12 @@ impl Controller {
             return Ok(());
         }
         let stored: BTreeMap<String, Arc<DynamicObject>> =
-            requests.state().into_iter().map(|r| (crate::controller::provisioning::id_of(&r), r)).collect();
+            requests.state().into_iter().map(|r| (provisioning::id_of(&r), r)).collect();
         for outcome in &plan.provisioning_requests {
             let Some(r) = stored.get(&outcome.request) else { continue };
-            let current = crate::controller::provisioning::conditions_of(r);
-            let Some(next) = crate::controller::provisioning::next_conditions(
-                outcome,
-                &current,
-                r.metadata.generation,
-                now,
-            ) else {
+            let current = provisioning::conditions_of(r);
+            let Some(next) = provisioning::next_conditions(outcome, &current, r.metadata.generation, now)
+            else {
                 continue;
             };
             let (ns, name) = outcome.request.split_once('/').unwrap_or(("default", &outcome.request));
@@ -100,6 +96,8 @@ impl Controller {
         Ok(())
     }
 
+    /// Terminates an instance whose node did not come and deletes its Node if any, then backs
+    /// the group off: a group whose instances do not come is not asked again at once.
     async fn remove_stuck(&self, s: &readiness::Stuck) {
         let Some(provider) = self.providers.provider_of(&s.group) else { return };
         tracing::warn!(group = %s.group, instance = %s.instance, reason = %s.reason, "removing an instance whose node did not come");

@@ -1,6 +1,6 @@
-//! Gang scale-ups: all-or-nothing raises run in the background, recorded in a ConfigMap so that
-//! the next leader finishes (or rolls back) what this one started; a rollback removes only what
-//! [`gang_may_remove`] allows.
+//! Scale-ups, gangs' above all: a gang's raise is all-or-nothing, runs in the background and is
+//! recorded in a ConfigMap so that the next leader finishes (or rolls back) what this one
+//! started; a rollback removes only what [`gang_may_remove`] allows.
 
 use super::super::decide::gang_may_remove;
 use super::super::{Controller, ControllerError, LoopState};
@@ -19,7 +19,7 @@ impl Controller {
 
     /// Raises a group's target; a raise for gang members is all-or-nothing, in a background task.
     #[allow(clippy::too_many_arguments)]
-    pub(in super::super) async fn scale_group(
+    pub(in crate::controller::reconcile) async fn scale_group(
         &self,
         group: &str,
         from: u32,
@@ -72,7 +72,7 @@ impl Controller {
 
     /// Gang scale-ups another leader recorded and did not finish: each is resumed (never raised
     /// again) for what is left of its timeout, then kept or rolled back.
-    pub(in super::super) async fn resume_gangs(
+    pub(in crate::controller::reconcile) async fn resume_gangs(
         &self,
         state: &mut LoopState,
         now: Timestamp,
