@@ -736,6 +736,13 @@ impl Controller {
         if let Some(p) = &stores.provisioning {
             others.extend(snapshot::provisioning_objects(&p.requests.state(), &p.templates.state()));
         }
+        // Any tenant can create these: one past a bound is left out (a Warning Event on it, a
+        // metric), not a reason to stop planning for everyone else.
+        let (others, refused) = crate::k8s::refuse_out_of_bounds(others);
+        for r in &refused {
+            tracing::warn!(object = %r, "object left out of the plan: a value is past gpuscale's limits");
+        }
+        self.observer.objects_refused(&refused);
         let mut view = snapshot::build(
             &stores.nodes.state(),
             &stores.pods.state(),

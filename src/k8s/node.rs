@@ -47,12 +47,13 @@ use crate::model::{
 
 /// Most time-slicing replicas (or GKE shared clients) one GPU may be advertised as. NVIDIA's
 /// device plugin and GKE document far smaller numbers (GKE: 48); above this a label is an error,
-/// not a reason to build millions of slots.
-pub const MAX_GPU_REPLICAS: u32 = 1024;
+/// not a reason to build millions of slots: [`crate::limits::MAX_GPU_REPLICAS`].
+pub use crate::limits::MAX_GPU_REPLICAS;
 
 /// Most GPUs one node may have (the largest servers have 16; NVL72 trays 4). Above this an
-/// advertised count is an error naming the field, not an allocation of that many devices.
-pub const MAX_GPUS_PER_NODE: u32 = 64;
+/// advertised count is an error naming the field, not an allocation of that many devices:
+/// [`crate::limits::MAX_GPUS_PER_NODE`].
+pub use crate::limits::MAX_GPUS_PER_NODE;
 
 /// A GKE node's GPU sharing: time-sharing or MPS with a number of clients per GPU, and MIG
 /// partitions of one size.
