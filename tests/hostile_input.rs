@@ -499,8 +499,9 @@ const BASELINE_RSS_KIB: i64 = 40 * 1024;
 /// What a List's index of its items costs per item at most, growth included.
 const ITEM_INDEX_BYTES: i64 = 32;
 
-/// Kinds the plan reads, in API versions it does not: each object is named in its own warning,
-/// and duplicate JSON keys keep the last value, as kubectl does.
+/// Kinds the plan reads, in API versions it does not, unknown instance types of a group's nodes
+/// and MIG layouts the GPU cannot hold: each object is named in its own warning; duplicate JSON
+/// keys keep the last value, as kubectl does.
 #[test]
 fn unknown_versions_are_named_per_object_and_the_last_duplicate_key_wins() {
     let dir = tempfile::tempdir().unwrap();
@@ -522,6 +523,27 @@ fn unknown_versions_are_named_per_object_and_the_last_duplicate_key_wins() {
             o.stderr.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("{name}: {}", o.stderr));
         assert!(line.contains("versions.json items[") && line.contains(r#"apiVersion "v2""#), "{line}");
     }
+    // A node of a group with another (unknown) instance type, and a MIG layout the GPU has no
+    // profile for: each named, with the node and the value.
+    let odd = dir.path().join("odd.json");
+    let stray = node(
+        r#""gpuscale.io/node-group":"gpu-a100-mig","node.kubernetes.io/instance-type":"x9.mega""#,
+        r#""cpu":"8","memory":"32Gi""#,
+    )
+    .replace("gpu-1", "stray");
+    let mig = node(
+        r#""nvidia.com/gpu.product":"NVIDIA-A100-SXM4-40GB","nvidia.com/mig.config":"all-1g.80gb""#,
+        r#""cpu":"96","memory":"1100Gi","nvidia.com/gpu":"8""#,
+    );
+    let item = |l: &str| l[l.find("\"items\":[").unwrap() + 9..l.len() - 2].to_string();
+    std::fs::write(&odd, list(&[item(&stray), item(&mig)])).unwrap();
+    let o = run(&["plan", "--snapshot", odd.to_str().unwrap(), "--providers", PROVIDERS]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    // (Loading warnings go to stderr, the plan's own with the plan.)
+    let out = format!("{}{}", o.stderr, o.stdout);
+    let said = |words: &[&str]| out.lines().any(|l| words.iter().all(|w| l.contains(w)));
+    assert!(said(&["Node stray", "\"x9.mega\" (not in the catalog)", "gpu-a100-mig"]), "{out}");
+    assert!(said(&["Node gpu-1", "nvidia.com/mig.config", "all-1g.80gb", "no MIG profile"]), "{out}");
     // The same key twice: the last value is the one read, on the fast path (a List item's
     // duplicate field) and within a map alike.
     let twice = |first: &str, last: &str| {

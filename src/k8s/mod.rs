@@ -65,15 +65,7 @@ pub fn load_snapshot_with(
     let start = std::time::Instant::now();
     let mut warnings = Vec::new();
     let mut loaded = match source::read_single(path, limits)? {
-        Some((name, text)) => {
-            let fast = source::is_json(&name, &text)
-                .then(|| json_list::convert(&name.display().to_string(), &text))
-                .flatten();
-            match fast {
-                Some(loaded) => loaded?,
-                None => convert(&parse_text(&name, &text)?)?,
-            }
-        }
+        Some((name, text)) => load_text(&name, &text)?,
         None => convert(&read_path_with(path, limits, &mut warnings)?)?,
     };
     warnings.append(&mut loaded.warnings);
@@ -91,6 +83,17 @@ pub fn load_snapshot_with(
         path.display()
     );
     Ok(loaded)
+}
+
+/// Converts the text of one snapshot file named `name` (its extension says JSON or YAML, else
+/// its first character): a JSON List takes the fast path, anything else the general one.
+pub fn load_text(name: &Path, text: &str) -> Result<LoadedSnapshot, SnapshotError> {
+    let fast =
+        source::is_json(name, text).then(|| json_list::convert(&name.display().to_string(), text)).flatten();
+    match fast {
+        Some(loaded) => loaded,
+        None => convert(&parse_text(name, text)?),
+    }
 }
 
 /// An object left out of the cluster's state because a value in it is past a bound of
