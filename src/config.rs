@@ -24,18 +24,39 @@ pub struct GpuscaleConfig {
 }
 
 impl GpuscaleConfig {
-    /// Reads and parses a config file; errors name the file, line and field.
+    /// Reads and parses a config file (within [`crate::limits::MAX_CONFIG_BYTES`], text only,
+    /// nesting bounded); errors name the file, line and field.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|cause| ConfigError::Io { file: path.to_path_buf(), cause })?;
+        let file =
+            std::fs::File::open(path).map_err(|cause| ConfigError::Io { file: path.to_path_buf(), cause })?;
+        let limits =
+            crate::textfile::InputLimits { max_bytes: crate::limits::MAX_CONFIG_BYTES, ..Default::default() };
+        let text = crate::textfile::read_text(file, limits)
+            .map_err(|reason| ConfigError::Text { file: path.to_path_buf(), reason })?;
         Self::parse(path, &text)
     }
 
-    /// Parses config text; `path` only names the source in errors. An empty file is the default.
+    /// Parses config text; `path` only names the source in errors. An empty file (nothing but
+    /// white space: a failed redirect, a wrong path in a ConfigMap) is an error; a file of only
+    /// comments, or `{}`, is the default, with a warning for the comments.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        if text.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                file: path.to_path_buf(),
+                field: "(file)".into(),
+                value: format!("{} bytes", text.len()),
+                reason: "the config file is empty; write `{}` for every default, or leave out --config"
+                    .into(),
+            });
+        }
         let yaml_err = |e: serde_yaml::Error| ConfigError::yaml(path, &e);
         let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(yaml_err)?;
         if value.is_null() {
+            tracing::warn!(
+                target: "gpuscale::config",
+                "{}: the config file holds no settings (only comments or null); every default applies",
+                path.display()
+            );
             return Ok(Self::default());
         }
         // From the text, not the value: errors then carry their line and column.
@@ -59,6 +80,11 @@ mod tests {
     fn empty_file_is_the_default_and_sections_override_it() {
         let p = Path::new("gpuscale.yaml");
         assert_eq!(GpuscaleConfig::parse(p, "# nothing\n").unwrap(), GpuscaleConfig::default());
+        assert_eq!(GpuscaleConfig::parse(p, "{}\n").unwrap(), GpuscaleConfig::default());
+        for empty in ["", "\n", "  \n\t\n"] {
+            let e = GpuscaleConfig::parse(p, empty).unwrap_err().to_string();
+            assert!(e.starts_with("gpuscale.yaml: ") && e.contains("the config file is empty"), "{e}");
+        }
         let c =
             GpuscaleConfig::parse(p, "planner:\n  scaleDownUtilization: 0.3\n  maxDisruptions: 5\n").unwrap();
         assert_eq!(c.planner.scale_down_utilization, 0.3);

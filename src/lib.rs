@@ -13,6 +13,7 @@ pub mod config;
 pub mod controller;
 #[cfg(feature = "k8s")]
 pub mod k8s;
+pub mod limits;
 pub mod model;
 pub mod planner;
 pub mod providers;

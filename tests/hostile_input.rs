@@ -287,3 +287,337 @@ fn the_snapshot_can_come_from_standard_input() {
     assert_eq!(String::from_utf8_lossy(&from_stdin.stdout), from_file.stdout);
     assert!(from_file.stdout.contains("FITS"), "{}", from_file.stdout);
 }
+
+/// A List of `items` (JSON texts).
+fn list(items: &[String]) -> String {
+    format!(r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#, items.join(","))
+}
+
+const TEMPLATE: &str = r#"{"apiVersion":"v1","kind":"PodTemplate","metadata":{"name":"t","namespace":"ml"},"template":{"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}}"#;
+
+fn request(counts: &[u64]) -> String {
+    let sets: Vec<String> =
+        counts.iter().map(|c| format!(r#"{{"count":{c},"podTemplateRef":{{"name":"t"}}}}"#)).collect();
+    format!(
+        r#"{{"apiVersion":"autoscaling.x-k8s.io/v1","kind":"ProvisioningRequest","metadata":{{"name":"r","namespace":"ml"}},"spec":{{"provisioningClassName":"check-capacity.autoscaling.x-k8s.io","podSets":[{}]}}}}"#,
+        sets.join(",")
+    )
+}
+
+fn claim(expression: &str, count: u64) -> String {
+    format!(
+        r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{{"name":"c","namespace":"ml"}},"spec":{{"devices":{{"requests":[{{"name":"g","exactly":{{"deviceClassName":"gpu","count":{count},"selectors":[{{"cel":{{"expression":{}}}}}]}}}}]}}}}}}"#,
+        serde_json::Value::String(expression.into())
+    )
+}
+
+fn labels(n: usize) -> String {
+    let labels: Vec<String> = (0..n).map(|i| format!(r#""k{i}":"v""#)).collect();
+    format!(
+        r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"gpu-1","labels":{{{}}}}},"status":{{"allocatable":{{"cpu":"8"}}}}}}"#,
+        labels.join(",")
+    )
+}
+
+/// Every count and size an object can set is bounded while it is read (`src/limits.rs`): each
+/// input is refused with exit 2 naming file, object, field and value, in bounded time, and with
+/// peak memory at most three times the input (above the process's own baseline).
+#[test]
+fn every_count_and_size_is_bounded_before_it_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: String| -> PathBuf {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let deep = |n: usize| format!("{}true{}", "(".repeat(n), ")".repeat(n));
+    let slice = |n: usize| {
+        // (Two megabytes: within the object size, so the device count is what refuses it.)
+        let devices: Vec<String> = (0..n).map(|i| format!(r#"{{"name":"gpu-{i}"}}"#)).collect();
+        format!(
+            r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{{"name":"s"}},"spec":{{"driver":"gpu.nvidia.com","nodeName":"n","pool":{{"name":"p","generation":1,"resourceSliceCount":1}},"devices":[{}]}}}}"#,
+            devices.join(",")
+        )
+    };
+    let class = format!(
+        r#"{{"apiVersion":"resource.k8s.io/v1","kind":"DeviceClass","metadata":{{"name":"gpu"}},"spec":{{"selectors":[{{"cel":{{"expression":"{}"}}}}]}}}}"#,
+        deep(3000)
+    );
+    let annotations = pod(&format!(
+        r#","metadata":{{"name":"p","namespace":"ml","annotations":{{"a":"{}"}}}},"spec":{{"containers":[{{"name":"c"}}]}}"#,
+        "x".repeat(300 << 10)
+    ));
+    let huge_pod = pod(&format!(
+        r#","spec":{{"containers":[{{"name":"c","env":[{{"name":"E","value":"{}"}}]}}]}}"#,
+        "x".repeat(4 << 20)
+    ));
+    let empties = format!(r#"{{"apiVersion":"v1","kind":"List","items":[{}{{}}]}}"#, "{},".repeat(1_000_000));
+    // (name, file, words the message must contain)
+    let cases: Vec<(&str, PathBuf, Vec<&str>)> = vec![
+        (
+            "pod set of 2^31-1 pods",
+            file("pr-max.json", list(&[TEMPLATE.into(), request(&[2147483647])])),
+            vec!["pr-max.json items[1]", "ProvisioningRequest ml/r", "spec.podSets[0].count", "2147483647"],
+        ),
+        (
+            "pod set of a million pods",
+            file("pr-1e6.json", list(&[TEMPLATE.into(), request(&[1_000_000])])),
+            vec!["ProvisioningRequest ml/r", "spec.podSets[0].count", "1000000"],
+        ),
+        (
+            "pod sets over the request bound",
+            file("pr-sum.json", list(&[TEMPLATE.into(), request(&[10_000, 10_000])])),
+            vec!["ProvisioningRequest ml/r", "spec.podSets", "20000 pods"],
+        ),
+        (
+            "33 pod sets",
+            file("pr-sets.json", list(&[TEMPLATE.into(), request(&[1; 33])])),
+            vec!["ProvisioningRequest ml/r", "spec.podSets", "more than 32 pod sets"],
+        ),
+        (
+            "a million labels (List)",
+            file("labels.json", list(&[labels(1_000_000)])),
+            vec![
+                "labels.json items[0]",
+                "Node gpu-1",
+                "(object)",
+                "bytes",
+                "the most the API server accepts",
+            ],
+        ),
+        (
+            "a million labels (one object)",
+            file("labels-one.json", labels(1_000_000)),
+            vec!["labels-one.json: Node gpu-1", "(object)"],
+        ),
+        (
+            "5,000 labels",
+            file("labels-5000.json", list(&[labels(5000)])),
+            vec!["Node gpu-1", "metadata.labels", "more than 4096 labels"],
+        ),
+        (
+            "100,000 devices in a slice",
+            file("slice.json", list(&[slice(100_000)])),
+            vec!["ResourceSlice s", "spec.devices", "more than 128 devices", "ResourceSliceMaxDevices"],
+        ),
+        (
+            "selector of 3,000 parentheses",
+            file("class.json", list(&[class])),
+            vec!["DeviceClass gpu", "spec.selectors[0].cel.expression", "nested deeper than 250"],
+        ),
+        (
+            "claim selector 10,000 deep",
+            file("claim-deep.json", list(&[claim(&"(".repeat(10_000), 1)])),
+            vec![
+                "ResourceClaim ml/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "nested deeper",
+            ],
+        ),
+        (
+            "claim selector of 20 KiB",
+            file("claim-long.json", list(&[claim(&format!("'{}' == 'x'", "x".repeat(20 << 10)), 1)])),
+            vec!["ResourceClaim ml/c", "cel.expression", "20489 bytes", "CELSelectorExpressionMaxLength"],
+        ),
+        (
+            "claim of 2^32 devices",
+            file("claim-count.json", list(&[claim("true", 1 << 32)])),
+            vec!["ResourceClaim ml/c", "spec.devices.requests[0].exactly.count", "4294967296"],
+        ),
+        (
+            "300 KiB of annotations",
+            file("annotations.json", annotations),
+            vec!["Pod ml/p", "metadata.annotations", "262144 bytes"],
+        ),
+        (
+            "a 4 MiB pod",
+            file("huge-pod.json", huge_pod),
+            vec!["huge-pod.json items[0]", "Pod ml/p", "(object)", "3145728 bytes"],
+        ),
+        (
+            "a million and one items",
+            file("items.json", empties),
+            vec!["items.json", "items", "more than 1000000 items"],
+        ),
+        (
+            "v1 List without items",
+            file("no-items.json", r#"{"apiVersion":"v1","kind":"List"}"#.into()),
+            vec!["no-items.json", "items: missing"],
+        ),
+        (
+            "invalid limit beside a request",
+            file(
+                "limit.json",
+                pod(
+                    r#","spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"1"},"limits":{"cpu":"1x"}}}]}"#,
+                ),
+            ),
+            vec!["Pod ml/p", "spec.containers[0].resources.limits.cpu", "1x"],
+        ),
+        (
+            "request above its limit",
+            file(
+                "above.json",
+                pod(
+                    r#","spec":{"containers":[{"name":"c","resources":{"requests":{"memory":"2Gi"},"limits":{"memory":"1Gi"}}}]}"#,
+                ),
+            ),
+            vec!["Pod ml/p", "spec.containers[0].resources.requests.memory", "may not exceed the limit 1Gi"],
+        ),
+    ];
+    let mut report = Vec::new();
+    for (name, path, words) in &cases {
+        let size_kib = std::fs::metadata(path).unwrap().len() as i64 / 1024;
+        let o = run(&["plan", "--snapshot", path.to_str().unwrap(), "--providers", PROVIDERS]);
+        report.push(format!(
+            "{name:36} exit {:?}  {:>5} ms  {:>6} KiB peak  {:>6} KiB input",
+            o.code,
+            o.wall.as_millis(),
+            o.max_rss_kib,
+            size_kib
+        ));
+        assert_eq!(o.code, Some(2), "{name}: {}", o.stderr);
+        assert!(o.stdout.is_empty(), "{name}: a plan was printed: {}", o.stdout);
+        for w in words {
+            assert!(o.stderr.contains(w), "{name}: {w:?} not in: {}", o.stderr);
+        }
+        // The process's baseline (the binary, the catalog, the allocator) plus three times the
+        // input; a List also indexes its items as it reads them (a pointer and a length each,
+        // with the vector's growth), which only a List of a million empty objects notices.
+        let items = if *name == "a million and one items" { 1_000_001 } else { 0 };
+        let ceiling = BASELINE_RSS_KIB + 3 * size_kib + items * ITEM_INDEX_BYTES / 1024;
+        assert!(o.max_rss_kib < ceiling, "{name}: peak RSS {} KiB over {ceiling} KiB", o.max_rss_kib);
+        assert!(o.wall < MAX_WALL, "{name}: took {:?}", o.wall);
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// What a refusal of a small input costs in memory: the binary, its embedded catalogs and the
+/// allocator's arenas.
+const BASELINE_RSS_KIB: i64 = 40 * 1024;
+
+/// What a List's index of its items costs per item at most, growth included.
+const ITEM_INDEX_BYTES: i64 = 32;
+
+/// Kinds the plan reads, in API versions it does not, unknown instance types of a group's nodes
+/// and MIG layouts the GPU cannot hold: each object is named in its own warning; duplicate JSON
+/// keys keep the last value, as kubectl does.
+#[test]
+fn unknown_versions_are_named_per_object_and_the_last_duplicate_key_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu_node =
+        |allocatable: &str| node(r#""node.kubernetes.io/instance-type":"p4d.24xlarge""#, allocatable);
+    let ok = gpu_node(r#""cpu":"96","memory":"1100Gi","nvidia.com/gpu":"8""#);
+    let node_item = &ok[ok.find("\"items\":[").unwrap() + 9..ok.len() - 2];
+    let v2 = |name: &str| {
+        format!(
+            r#"{{"apiVersion":"v2","kind":"Pod","metadata":{{"name":"{name}","namespace":"ml"}},"spec":{{}}}}"#
+        )
+    };
+    let versions = dir.path().join("versions.json");
+    std::fs::write(&versions, list(&[node_item.to_string(), v2("a"), v2("b")])).unwrap();
+    let o = run(&["plan", "--snapshot", versions.to_str().unwrap(), "--providers", PROVIDERS]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    for name in ["Pod ml/a", "Pod ml/b"] {
+        let line =
+            o.stderr.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("{name}: {}", o.stderr));
+        assert!(line.contains("versions.json items[") && line.contains(r#"apiVersion "v2""#), "{line}");
+    }
+    // A node of a group with another (unknown) instance type, and a MIG layout the GPU has no
+    // profile for: each named, with the node and the value.
+    let odd = dir.path().join("odd.json");
+    let stray = node(
+        r#""gpuscale.io/node-group":"gpu-a100-mig","node.kubernetes.io/instance-type":"x9.mega""#,
+        r#""cpu":"8","memory":"32Gi""#,
+    )
+    .replace("gpu-1", "stray");
+    let mig = node(
+        r#""nvidia.com/gpu.product":"NVIDIA-A100-SXM4-40GB","nvidia.com/mig.config":"all-1g.80gb""#,
+        r#""cpu":"96","memory":"1100Gi","nvidia.com/gpu":"8""#,
+    );
+    let item = |l: &str| l[l.find("\"items\":[").unwrap() + 9..l.len() - 2].to_string();
+    std::fs::write(&odd, list(&[item(&stray), item(&mig)])).unwrap();
+    let o = run(&["plan", "--snapshot", odd.to_str().unwrap(), "--providers", PROVIDERS]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    // (Loading warnings go to stderr, the plan's own with the plan.)
+    let out = format!("{}{}", o.stderr, o.stdout);
+    let said = |words: &[&str]| out.lines().any(|l| words.iter().all(|w| l.contains(w)));
+    assert!(said(&["Node stray", "\"x9.mega\" (not in the catalog)", "gpu-a100-mig"]), "{out}");
+    assert!(said(&["Node gpu-1", "nvidia.com/mig.config", "all-1g.80gb", "no MIG profile"]), "{out}");
+    // The same key twice: the last value is the one read, on the fast path (a List item's
+    // duplicate field) and within a map alike.
+    let twice = |first: &str, last: &str| {
+        let n = format!(
+            r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"gpu-1"}},"status":{{"allocatable":{{"nvidia.com/gpu":"{first}"}}}},"status":{{"allocatable":{{"cpu":"96","memory":"1100Gi","nvidia.com/gpu":"{last}"}},"conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
+        );
+        let p = dir.path().join(format!("dup-{first}-{last}.json"));
+        std::fs::write(&p, list(&[n])).unwrap();
+        run(&["plan", "--snapshot", p.to_str().unwrap(), "--providers", PROVIDERS])
+    };
+    let o = twice("1000000000", "8");
+    assert_eq!(o.code, Some(0), "the last value (8 GPUs) is read: {}", o.stderr);
+    let o = twice("8", "1000000000");
+    assert_eq!(o.code, Some(2), "the last value (a billion GPUs) is read: {}", o.stderr);
+    assert!(o.stderr.contains("1000000000"), "{}", o.stderr);
+}
+
+/// Provider and gpuscale configs: counts, prices and regions past what any cloud has are
+/// refused with exit 2 naming the file, field and value; an empty config file is refused.
+#[test]
+fn configs_past_any_real_cloud_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = "examples/snapshots/mixed-gpu-cluster.json";
+    let account = |region: &str, group: &str| {
+        format!(
+            "accounts:\n  - name: a\n    provider: aws\n    region: {region}\n    credentials: {{profile: p}}\n    nodeGroups:\n      - name: g\n        zones: [{region}a]\n        minSize: 0\n        maxSize: 4\n{group}"
+        )
+    };
+    let spec = |gpus: u64, price: &str| {
+        format!(
+            "        instanceType: custom.big\n        instanceSpec: {{vcpu: 96, memoryGiB: 1024, gpus: {gpus}, gpuModel: H100-80GB, price: {{onDemand: {price}}}}}\n"
+        )
+    };
+    let cases: Vec<(&str, String, Vec<&str>)> = vec![
+        (
+            "ten million GPUs",
+            account("us-east-1", &spec(10_000_000, "98.32")),
+            vec!["instanceSpec.gpus", "10000000"],
+        ),
+        (
+            "a price of 1e308",
+            account("us-east-1", &spec(8, "1e308")),
+            vec!["instanceSpec.price.onDemand", "per hour"],
+        ),
+        (
+            "region mars-1",
+            account("mars-1", "        instanceType: p5.48xlarge\n"),
+            vec!["accounts[0].region", "mars-1", "not a aws region"],
+        ),
+    ];
+    for (name, text, words) in &cases {
+        let p = dir.path().join("providers.yaml");
+        std::fs::write(&p, text).unwrap();
+        let o = run(&["plan", "--snapshot", snapshot, "--providers", p.to_str().unwrap()]);
+        assert_eq!(o.code, Some(2), "{name}: {}", o.stderr);
+        assert!(o.stderr.contains("providers.yaml"), "{name}: {}", o.stderr);
+        for w in words {
+            assert!(o.stderr.contains(w), "{name}: {w:?} not in: {}", o.stderr);
+        }
+        assert!(
+            o.max_rss_kib < MAX_RSS_KIB && o.wall < MAX_WALL,
+            "{name}: {} KiB {:?}",
+            o.max_rss_kib,
+            o.wall
+        );
+    }
+    let empty = dir.path().join("gpuscale.yaml");
+    std::fs::write(&empty, "").unwrap();
+    let o =
+        run(&["plan", "--snapshot", snapshot, "--providers", PROVIDERS, "--config", empty.to_str().unwrap()]);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("gpuscale.yaml") && o.stderr.contains("the config file is empty"),
+        "{}",
+        o.stderr
+    );
+}

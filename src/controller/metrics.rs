@@ -43,6 +43,7 @@ pub struct Metrics {
     scale_downs: Family<Labels1, Counter>,
     errors: Family<Labels1, Counter>,
     backoffs: Family<Labels1, Counter>,
+    refused_objects: Family<Labels1, Gauge>,
     leader: Gauge,
 }
 
@@ -100,10 +101,17 @@ impl Metrics {
             scale_downs: Family::default(),
             errors: Family::default(),
             backoffs: Family::default(),
+            refused_objects: Family::default(),
             leader: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
+        r.register(
+            "refused_objects",
+            "Objects left out of the last pass because a value in them is past a bound of gpuscale's \
+             limits (each has a Warning Event naming the field), by kind",
+            m.refused_objects.clone(),
+        );
         r.register(
             "pending_pods",
             "Pending pods in the last snapshot, by GPU demand kind (none, whole, fraction, mig, shared)",
@@ -281,6 +289,14 @@ impl Metrics {
     /// Counts an error of `kind` (e.g. `cloud`, `kube`, `eviction`, `status`).
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&[("kind", kind.to_string())]).inc();
+    }
+
+    /// Sets the objects refused in the last pass, by kind (kinds with none left are cleared).
+    pub fn observe_refused(&self, refused: &[crate::k8s::RefusedObject]) {
+        self.refused_objects.clear();
+        for r in refused {
+            self.refused_objects.get_or_create(&[("kind", r.kind.clone())]).inc();
+        }
     }
 
     /// Counts `group` entering backoff.

@@ -99,6 +99,8 @@ mod observer {
         fn leadership(&self, _leader: bool) {}
         /// The node groups as the clouds report them, before each plan.
         fn groups_refreshed(&self, _groups: &[crate::model::NodeGroup]) {}
+        /// The objects left out of this pass for a value past a bound (every pass, none too).
+        fn objects_refused(&self, _refused: &[crate::k8s::RefusedObject]) {}
         /// A ProvisioningRequest (`namespace/name`, its uid) was given `condition`.
         fn request_condition(
             &self,

@@ -43,6 +43,9 @@ impl Observer for MetricsObserver {
     fn groups_refreshed(&self, groups: &[NodeGroup]) {
         self.0.observe_groups(groups);
     }
+    fn objects_refused(&self, refused: &[crate::k8s::RefusedObject]) {
+        self.0.observe_refused(refused);
+    }
 }
 
 /// `/readyz` once the caches are synced; `/healthz` fails when a leader's loop goes stale.
@@ -116,6 +119,9 @@ impl Observer for StatusObserver {
     }
     fn groups_refreshed(&self, groups: &[NodeGroup]) {
         *self.groups.lock().unwrap_or_else(|e| e.into_inner()) = groups.to_vec();
+    }
+    fn objects_refused(&self, refused: &[crate::k8s::RefusedObject]) {
+        self.handle.objects_refused(refused);
     }
     fn request_condition(
         &self,

@@ -78,6 +78,8 @@ pub mod reason {
     pub const SCALE_UP_FAILED: &str = "ScaleUpFailed";
     /// A pod was evicted so that a pending pod fits (tenancy preemption; kube-scheduler's word).
     pub const PREEMPTED: &str = "Preempted";
+    /// An object was left out of the plan: a value in it is past a bound of gpuscale's limits.
+    pub const OBJECT_REFUSED: &str = "ObjectRefused";
     /// Status ConfigMaps keep failing to be written (on the controller's pod).
     pub const STATUS_WRITE_FAILED: &str = "StatusWriteFailed";
 }
@@ -740,6 +742,42 @@ impl StatusPublisher {
         }
     }
 
+    /// A Warning Event `ObjectRefused` on each object left out of this pass for a value past a
+    /// bound, naming the field, the value and the bound; repeated as the other standing
+    /// conditions are (when it changes, and every [`REPEATED_EVENT_INTERVAL`]).
+    pub async fn objects_refused(&self, refused: &[crate::k8s::RefusedObject]) {
+        let key = |r: &crate::k8s::RefusedObject| {
+            format!("{} {}/{}", r.kind, r.namespace.as_deref().unwrap_or_default(), r.name)
+        };
+        let keys: Vec<(String, String)> = refused.iter().map(|r| (key(r), r.to_string())).collect();
+        let due: HashSet<String> = self
+            .due(reason::OBJECT_REFUSED, keys.iter().map(|(k, g)| (k.as_str(), g.as_str())), Instant::now())
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        for r in refused.iter().filter(|r| due.contains(&key(r))) {
+            let reference = ObjectReference {
+                api_version: Some(r.api_version.clone()),
+                kind: Some(r.kind.clone()),
+                namespace: r.namespace.clone(),
+                name: Some(r.name.clone()),
+                uid: r.uid.clone(),
+                ..Default::default()
+            };
+            let note = format!("left out of gpuscale's plans: {} = {:?}: {}", r.field, r.value, r.reason);
+            let ev = Event {
+                type_: EventType::Warning,
+                reason: reason::OBJECT_REFUSED.into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: "Read".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&ev, &reference).await {
+                self.failed(&format!("event {} on {}", reason::OBJECT_REFUSED, key(r)), &e);
+            }
+        }
+    }
+
     /// Reports that `node` of `group` was drained and its instance deleted: `ScaleDown` on the
     /// node, and the group's last scale-down.
     pub async fn node_deleted(&self, node: &str, group: &str) {
@@ -808,6 +846,7 @@ enum Msg {
         uid: Option<String>,
         condition: Box<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     },
+    ObjectsRefused(Vec<crate::k8s::RefusedObject>),
     Fence(Fence),
     Flush(tokio::sync::oneshot::Sender<()>),
 }
@@ -871,6 +910,7 @@ impl StatusPublisher {
                     Msg::RequestCondition { request, uid, condition } => {
                         self.request_condition(&request, uid, &condition).await
                     }
+                    Msg::ObjectsRefused(refused) => self.objects_refused(&refused).await,
                     Msg::Fence(fence) => self.set_fence(fence),
                     Msg::Flush(done) => {
                         let _ = done.send(());
@@ -985,6 +1025,11 @@ impl StatusHandle {
     /// See [`StatusPublisher::node_deleted`].
     pub fn node_deleted(&self, node: &str, group: &str) {
         self.send(Msg::NodeDeleted { node: node.into(), group: group.into() });
+    }
+
+    /// See [`StatusPublisher::objects_refused`].
+    pub fn objects_refused(&self, refused: &[crate::k8s::RefusedObject]) {
+        self.send(Msg::ObjectsRefused(refused.to_vec()));
     }
 
     /// See [`StatusPublisher::request_condition`].

@@ -27,6 +27,12 @@ pub(super) trait RawObject: Sync {
     fn decode<T: DeserializeOwned>(&self) -> Result<T, SnapshotError>;
     /// It as a JSON value, for the rare kinds and messages that read it so.
     fn value(&self) -> Cow<'_, Value>;
+    /// The first value past a bound of [`crate::limits`], read before decoding.
+    fn check_bounds(&self) -> Option<super::bounds::Violation>;
+    /// `Kind namespace/name`, for messages.
+    fn describe(&self) -> String {
+        super::describe(&self.value())
+    }
 }
 
 impl RawObject for SourcedObject {
@@ -49,6 +55,9 @@ impl RawObject for SourcedObject {
     }
     fn value(&self) -> Cow<'_, Value> {
         Cow::Borrowed(&self.value)
+    }
+    fn check_bounds(&self) -> Option<super::bounds::Violation> {
+        super::bounds::check_value(self.head().1, &self.value)
     }
 }
 
@@ -81,6 +90,22 @@ pub(super) enum Decoded {
     PodGroup,
     /// A kind the plan does not read: `Kind (apiVersion)`.
     Skipped(String),
+    /// A kind the plan reads, in an API version it does not: the warning naming the object.
+    UnknownVersion(String),
+}
+
+/// The API versions the plan reads each kind in (for the warning on another version).
+fn versions_read(kind: &str) -> Option<&'static [&'static str]> {
+    Some(match kind {
+        "Node" | "Pod" | "PersistentVolumeClaim" | "PersistentVolume" | "PodTemplate" => &["v1"],
+        "PodDisruptionBudget" => &["policy/v1"],
+        "StorageClass" => &["storage.k8s.io/v1"],
+        "DeviceClass" | "ResourceSlice" | "ResourceClaim" | "ResourceClaimTemplate" => {
+            &["resource.k8s.io/v1"]
+        }
+        "ProvisioningRequest" => &super::provisioning::PROVISIONING_REQUEST_API_VERSIONS,
+        _ => return None,
+    })
 }
 
 fn is_pod_group((api_version, kind): (&str, &str)) -> bool {
@@ -114,7 +139,40 @@ pub(super) fn decode_all<O: RawObject>(objects: &[O]) -> Result<Vec<(String, Dec
     decoded.into_iter().collect()
 }
 
+/// Whether the plan reads objects of this `apiVersion` and kind (the others are skipped).
+pub(super) fn is_read((api_version, kind): (&str, &str)) -> bool {
+    matches!(
+        (api_version, kind),
+        ("v1", "Node" | "Pod" | "PersistentVolumeClaim" | "PersistentVolume" | "PodTemplate")
+            | ("policy/v1", "PodDisruptionBudget")
+            | ("storage.k8s.io/v1", "StorageClass")
+            | (
+                "resource.k8s.io/v1",
+                "DeviceClass" | "ResourceSlice" | "ResourceClaim" | "ResourceClaimTemplate"
+            )
+    ) || (kind == "ProvisioningRequest"
+        && super::provisioning::PROVISIONING_REQUEST_API_VERSIONS.contains(&api_version))
+}
+
+/// The object's first value past a bound of [`crate::limits`], as an error naming it.
+pub(super) fn check_bounds<O: RawObject>(o: &O) -> Result<(), SnapshotError> {
+    if !is_read(o.head()) {
+        return Ok(());
+    }
+    match o.check_bounds() {
+        None => Ok(()),
+        Some(v) => Err(SnapshotError::Invalid {
+            origin: o.origin().into_owned(),
+            object: o.describe(),
+            field: v.field,
+            value: v.value,
+            reason: v.reason,
+        }),
+    }
+}
+
 fn decode_one<O: RawObject>(o: &O, pod_groups: &BTreeMap<String, u32>) -> Result<Decoded, SnapshotError> {
+    check_bounds(o)?;
     Ok(match o.head() {
         ("v1", "Node") => {
             let k: core::Node = o.decode::<slim::NodeIn>()?.into();
@@ -148,6 +206,14 @@ fn decode_one<O: RawObject>(o: &O, pod_groups: &BTreeMap<String, u32>) -> Result
                 reason: format!("not a Kubernetes object (no kind): {}", super::preview(&o.value())),
             })
         }
-        (v, k) => Decoded::Skipped(format!("{k} ({v})")),
+        (v, k) => match versions_read(k) {
+            Some(read) => Decoded::UnknownVersion(format!(
+                "{}: {}: apiVersion {v:?} is not one gpuscale reads {k} objects in ({}); the object is skipped",
+                o.origin(),
+                o.describe(),
+                read.join(", ")
+            )),
+            None => Decoded::Skipped(format!("{k} ({v})")),
+        },
     })
 }

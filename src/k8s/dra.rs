@@ -144,7 +144,11 @@ fn selectors(
             ));
         };
         let program = Program::compile(&cel.expression).map_err(|e| {
-            ctx.invalid(&field, &cel.expression, format!("CEL expression not supported: {e}"))
+            ctx.invalid(
+                &field,
+                super::bounds::preview(&cel.expression),
+                format!("CEL expression not supported: {e}"),
+            )
         })?;
         out.push(DeviceSelector { program, origin: format!("{} {field}", ctx.object) });
     }
@@ -519,15 +523,16 @@ impl Dra {
                 let mode = match mode.map(String::as_str) {
                     None | Some("ExactCount") => {
                         let n = count.unwrap_or(1);
-                        AllocationMode::ExactCount(u32::try_from(n).ok().filter(|n| *n > 0).ok_or_else(
-                            || {
+                        let max = crate::limits::MAX_DEVICES_PER_CLAIM;
+                        AllocationMode::ExactCount(
+                            u32::try_from(n).ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| {
                                 ctx.invalid(
                                     format!("{field}.count"),
                                     n.to_string(),
-                                    "a count between 1 and 2^32",
+                                    format!("a count between 1 and {max} (resource.k8s.io/v1 AllocationResultsMaxSize)"),
                                 )
-                            },
-                        )?)
+                            })?,
+                        )
                     }
                     Some("All") => AllocationMode::All,
                     Some(other) => {

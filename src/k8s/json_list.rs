@@ -8,7 +8,7 @@
 //! errors here name the same file, object and field as there.
 
 use super::decode::{decode_all, RawObject};
-use super::{convert_decoded, describe, LoadedSnapshot, SnapshotError};
+use super::{convert_decoded, LoadedSnapshot, SnapshotError};
 use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -24,8 +24,37 @@ struct ListIn<'a> {
     #[serde(borrow)]
     kind: Option<&'a str>,
     #[serde(borrow)]
-    items: Option<Vec<&'a RawValue>>,
+    items: Option<Items<'a>>,
 }
+
+/// A List's items, at most [`crate::limits::MAX_LIST_ITEMS`] (counted as they are read).
+struct Items<'a>(Vec<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Items<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Items<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Items<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    if out.len() == crate::limits::MAX_LIST_ITEMS {
+                        return Err(serde::de::Error::custom(TOO_MANY));
+                    }
+                    out.push(item);
+                }
+                Ok(Items(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// The message of a List past [`crate::limits::MAX_LIST_ITEMS`].
+const TOO_MANY: &str = "too many items";
 
 /// What an item is, read before decoding it.
 #[derive(Deserialize)]
@@ -69,9 +98,24 @@ fn plain_string(text: &str) -> Option<(&str, &str)> {
 /// Converts `text` (the whole of the file `name`) when it is one JSON List of objects; `None`
 /// sends it down the general path.
 pub(super) fn convert(name: &str, text: &str) -> Option<Result<LoadedSnapshot, SnapshotError>> {
-    let list: ListIn<'_> = serde_json::from_str(text).ok()?;
+    let list: ListIn<'_> = match serde_json::from_str(text) {
+        Ok(list) => list,
+        Err(e) if e.to_string().starts_with(TOO_MANY) => {
+            return Some(Err(SnapshotError::Invalid {
+                origin: name.to_string(),
+                object: "List".into(),
+                field: "items".into(),
+                value: format!("more than {} items", crate::limits::MAX_LIST_ITEMS),
+                reason: format!(
+                    "at most {} objects in one List (five times the pods of a 5,000-node cluster at 110 pods a node)",
+                    crate::limits::MAX_LIST_ITEMS
+                ),
+            }))
+        }
+        Err(_) => return None,
+    };
     let kind = list.kind?;
-    let items = list.items?;
+    let items = list.items?.0;
     let item_kind = kind.strip_suffix("List")?;
     // The general path adds a typed List's kind to its items (`PodList` items have none).
     let default_head = (!item_kind.is_empty()).then(|| (list.api_version.unwrap_or(""), item_kind));
@@ -100,19 +144,36 @@ pub(super) fn convert(name: &str, text: &str) -> Option<Result<LoadedSnapshot, S
         .enumerate()
         .map(|(index, (raw, (api_version, kind)))| Item {
             file: name,
-            index,
+            index: Some(index),
             api_version,
             kind,
             text: raw.get(),
         })
         .collect();
-    Some(decode_all(&items).and_then(convert_decoded))
+    match decode_all(&items) {
+        // A duplicate key: kubectl (Go's JSON decoding) keeps the last value, as the general
+        // path's JSON values do; the typed decode here refuses it, so that path reads the file.
+        Err(SnapshotError::Decode { message, .. }) if message.starts_with("duplicate field") => None,
+        decoded => Some(decoded.and_then(convert_decoded)),
+    }
+}
+
+/// Checks a file that is one JSON object (not a List) against the bounds of
+/// [`crate::limits`] on its text, before the general path parses it into a JSON value (which
+/// costs many times the text for an object of a million labels).
+pub(super) fn check_single(name: &str, text: &str) -> Result<(), SnapshotError> {
+    let Ok(head) = serde_json::from_str::<Head<'_>>(text) else { return Ok(()) };
+    let (Some(api_version), Some(kind), None) = (head.api_version, head.kind, head.items) else {
+        return Ok(());
+    };
+    super::decode::check_bounds(&Item { file: name, index: None, api_version, kind, text })
 }
 
 /// One List item, still text.
 struct Item<'a> {
     file: &'a str,
-    index: usize,
+    /// Its place in the List (none for a file that is one object).
+    index: Option<usize>,
     api_version: &'a str,
     kind: &'a str,
     text: &'a str,
@@ -123,7 +184,10 @@ impl RawObject for Item<'_> {
         (self.api_version, self.kind)
     }
     fn origin(&self) -> Cow<'_, str> {
-        Cow::Owned(format!("{} items[{}]", self.file, self.index))
+        match self.index {
+            Some(i) => Cow::Owned(format!("{} items[{i}]", self.file)),
+            None => Cow::Borrowed(self.file),
+        }
     }
     /// The message drops serde_json's position in the item (the general path, decoding a JSON
     /// value, has none).
@@ -136,7 +200,7 @@ impl RawObject for Item<'_> {
             let at = format!(" at line {} column {}", inner.line(), inner.column());
             SnapshotError::Decode {
                 origin: self.origin().into_owned(),
-                object: describe(&self.value()),
+                object: RawObject::describe(self),
                 field,
                 message: message.strip_suffix(&at).unwrap_or(&message).to_string(),
             }
@@ -145,5 +209,28 @@ impl RawObject for Item<'_> {
     fn value(&self) -> Cow<'_, Value> {
         // The text parsed as a whole List, so it parses.
         Cow::Owned(serde_json::from_str(self.text).unwrap_or(Value::Null))
+    }
+    fn check_bounds(&self) -> Option<super::bounds::Violation> {
+        super::bounds::check_text(self.kind, self.text)
+    }
+    /// Read off the name and namespace alone: the item may be one too large to parse whole.
+    fn describe(&self) -> String {
+        #[derive(Deserialize, Default)]
+        struct Meta {
+            name: Option<String>,
+            namespace: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Named {
+            #[serde(default)]
+            metadata: Option<Meta>,
+        }
+        let meta = serde_json::from_str::<Named>(self.text).ok().and_then(|n| n.metadata).unwrap_or_default();
+        let kind = if self.kind.is_empty() { "object" } else { self.kind };
+        let name = meta.name.as_deref().unwrap_or("<unnamed>");
+        match meta.namespace {
+            Some(ns) => format!("{kind} {ns}/{name}"),
+            None => format!("{kind} {name}"),
+        }
     }
 }

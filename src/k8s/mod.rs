@@ -8,6 +8,7 @@
 //! those nodes (CPU, memory and the GPUs or MIG instances they hold), so the snapshot says what
 //! is free, not just what exists.
 
+mod bounds;
 mod decode;
 mod dra;
 mod error;
@@ -64,15 +65,7 @@ pub fn load_snapshot_with(
     let start = std::time::Instant::now();
     let mut warnings = Vec::new();
     let mut loaded = match source::read_single(path, limits)? {
-        Some((name, text)) => {
-            let fast = source::is_json(&name, &text)
-                .then(|| json_list::convert(&name.display().to_string(), &text))
-                .flatten();
-            match fast {
-                Some(loaded) => loaded?,
-                None => convert(&parse_text(&name, &text)?)?,
-            }
-        }
+        Some((name, text)) => load_text(&name, &text)?,
         None => convert(&read_path_with(path, limits, &mut warnings)?)?,
     };
     warnings.append(&mut loaded.warnings);
@@ -90,6 +83,73 @@ pub fn load_snapshot_with(
         path.display()
     );
     Ok(loaded)
+}
+
+/// Converts the text of one snapshot file named `name` (its extension says JSON or YAML, else
+/// its first character): a JSON List takes the fast path, anything else the general one.
+pub fn load_text(name: &Path, text: &str) -> Result<LoadedSnapshot, SnapshotError> {
+    let fast =
+        source::is_json(name, text).then(|| json_list::convert(&name.display().to_string(), text)).flatten();
+    match fast {
+        Some(loaded) => loaded,
+        None => convert(&parse_text(name, text)?),
+    }
+}
+
+/// An object left out of the cluster's state because a value in it is past a bound of
+/// [`crate::limits`] (the controller skips it with a Warning Event on it and keeps serving every
+/// other object; `gpuscale plan` refuses the snapshot with the same message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedObject {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace (none for cluster-scoped objects).
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// Its uid, for the Event's reference.
+    pub uid: Option<String>,
+    /// The field past its bound, e.g. `spec.podSets[0].count`.
+    pub field: String,
+    /// Its value.
+    pub value: String,
+    /// The bound.
+    pub reason: String,
+}
+
+impl std::fmt::Display for RefusedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ns = self.namespace.as_deref().map(|n| format!("{n}/")).unwrap_or_default();
+        write!(f, "{} {ns}{}: {}: {:?}: {}", self.kind, self.name, self.field, self.value, self.reason)
+    }
+}
+
+/// Splits `objects` into those within every bound of [`crate::limits`] and those refused.
+pub fn refuse_out_of_bounds(objects: Vec<SourcedObject>) -> (Vec<SourcedObject>, Vec<RefusedObject>) {
+    let mut kept = Vec::with_capacity(objects.len());
+    let mut refused = Vec::new();
+    for o in objects {
+        match decode::check_bounds(&o) {
+            Ok(()) => kept.push(o),
+            Err(SnapshotError::Invalid { field, value, reason, .. }) => {
+                let text = |v: &Value| v.as_str().map(str::to_string);
+                refused.push(RefusedObject {
+                    api_version: text(&o.value["apiVersion"]).unwrap_or_default(),
+                    kind: text(&o.value["kind"]).unwrap_or_default(),
+                    namespace: text(&o.value["metadata"]["namespace"]),
+                    name: text(&o.value["metadata"]["name"]).unwrap_or_default(),
+                    uid: text(&o.value["metadata"]["uid"]),
+                    field,
+                    value,
+                    reason,
+                });
+            }
+            Err(_) => kept.push(o),
+        }
+    }
+    (kept, refused)
 }
 
 /// `Kind namespace/name` of a raw object, for messages.
@@ -147,6 +207,7 @@ fn convert_decoded(objects: Vec<(String, decode::Decoded)>) -> Result<LoadedSnap
             Decoded::PodTemplate(k) => requests.add_template(*k),
             Decoded::PodGroup => {}
             Decoded::Skipped(kind) => *skipped.entry(kind).or_insert(0usize) += 1,
+            Decoded::UnknownVersion(warning) => warnings.push(warning),
         }
     }
     // Kinds the plan does not read (Services, ConfigMaps, a Helm release's objects): one line,

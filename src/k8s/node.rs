@@ -47,12 +47,13 @@ use crate::model::{
 
 /// Most time-slicing replicas (or GKE shared clients) one GPU may be advertised as. NVIDIA's
 /// device plugin and GKE document far smaller numbers (GKE: 48); above this a label is an error,
-/// not a reason to build millions of slots.
-pub const MAX_GPU_REPLICAS: u32 = 1024;
+/// not a reason to build millions of slots: [`crate::limits::MAX_GPU_REPLICAS`].
+pub use crate::limits::MAX_GPU_REPLICAS;
 
 /// Most GPUs one node may have (the largest servers have 16; NVL72 trays 4). Above this an
-/// advertised count is an error naming the field, not an allocation of that many devices.
-pub const MAX_GPUS_PER_NODE: u32 = 64;
+/// advertised count is an error naming the field, not an allocation of that many devices:
+/// [`crate::limits::MAX_GPUS_PER_NODE`].
+pub use crate::limits::MAX_GPUS_PER_NODE;
 
 /// A GKE node's GPU sharing: time-sharing or MPS with a number of clients per GPU, and MIG
 /// partitions of one size.
@@ -458,6 +459,22 @@ fn node_gpus(
         (None, None) => None,
     };
     let geometry = spec.and_then(|s| s.mig);
+    // NVIDIA's MIG manager applies the layout named by `nvidia.com/mig.config`; an `all-<profile>`
+    // layout of a profile the GPU does not have is one it can never apply (other names are the
+    // cluster's own mig-parted configs, which the snapshot does not hold).
+    if let (Some(value), Some(g)) = (labels.get("nvidia.com/mig.config"), geometry) {
+        let known = matches!(value.as_str(), "all-disabled" | "all-enabled" | "all-balanced");
+        if let Some(profile) = value.strip_prefix("all-").filter(|_| !known) {
+            if g.profile(profile).is_none() {
+                let names: Vec<&str> = g.profiles.iter().map(|p| p.name).collect();
+                warnings.push(ctx.warning(format!(
+                    "metadata.labels[nvidia.com/mig.config] {value:?}: {} has no MIG profile {profile:?} (it has {}); the MIG manager cannot apply this layout",
+                    model.as_deref().unwrap_or("the GPU"),
+                    names.join(", ")
+                )));
+            }
+        }
+    }
     // GKE exposes each MIG partition of a `gke-gpu-partition-size` pool as one `nvidia.com/gpu`,
     // as the NVIDIA single strategy does.
     let mig_single = labels.get("nvidia.com/mig.strategy").map(String::as_str) == Some("single")

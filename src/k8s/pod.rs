@@ -101,11 +101,24 @@ fn container_requests(
             Some(_) => {}
         }
     }
+    // Every limit is a quantity the API server parses, whether or not a request names the
+    // resource too; a limit alone is the request, and a request may not exceed its limit.
     for (name, q) in limits {
-        if !requests.contains_key(name) {
-            let field = format!("{prefix}.resources.limits.{name}");
-            out.insert(name.clone(), parse_resource(ctx, &field, name, q)?);
-            fields.entry(name.clone()).or_insert(field);
+        let field = format!("{prefix}.resources.limits.{name}");
+        let limit = parse_resource(ctx, &field, name, q)?;
+        match requests.get(name) {
+            None => {
+                out.insert(name.clone(), limit);
+                fields.entry(name.clone()).or_insert(field);
+            }
+            Some(r) if out[name] > limit => {
+                return Err(ctx.invalid(
+                    format!("{prefix}.resources.requests.{name}"),
+                    &r.0,
+                    format!("the request may not exceed the limit {} (the API server refuses this pod)", q.0),
+                ))
+            }
+            Some(_) => {}
         }
     }
     Ok(out)

@@ -228,6 +228,14 @@ fn convert_request(
         if set.count < 1 {
             return Err(ctx.invalid(field("count"), set.count.to_string(), "must be at least 1"));
         }
+        // (Checked before decoding as well; objects built in memory come here directly.)
+        if set.count as u32 > crate::limits::MAX_PODS_PER_POD_SET {
+            return Err(ctx.invalid(
+                field("count"),
+                set.count.to_string(),
+                format!("more than {}, gpuscale's bound for this count", crate::limits::MAX_PODS_PER_POD_SET),
+            ));
+        }
         let name = &set.pod_template_ref.name;
         if name.is_empty() {
             return Err(ctx.invalid(field("podTemplateRef.name"), "", "names no PodTemplate"));

@@ -260,6 +260,7 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
     let name = path.display().to_string();
     let mut out = Vec::new();
     let saw_list = if json {
+        super::json_list::check_single(&name, text)?;
         let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         let docs: Vec<Value> = stream.collect::<Result<_, _>>().map_err(|e| SnapshotError::Json {
             path: path.to_path_buf(),
@@ -336,7 +337,10 @@ fn flatten(origin: String, value: Value, out: &mut Vec<SourcedObject>) -> Result
         }
         Value::Object(mut map) => {
             let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
-            let is_list = kind.ends_with("List") && map.contains_key("items");
+            // A `v1 List` without `items` is refused as one with `items: null` is (kubectl finds
+            // no objects in either); other kinds ending in `List` are Lists when they hold items.
+            let is_list = kind.ends_with("List") && map.contains_key("items")
+                || kind == "List" && map.get("apiVersion").and_then(Value::as_str) == Some("v1");
             if !is_list {
                 out.push(SourcedObject::new(origin, Value::Object(map)));
                 return Ok(false);
@@ -344,6 +348,16 @@ fn flatten(origin: String, value: Value, out: &mut Vec<SourcedObject>) -> Result
             let item_kind = kind.strip_suffix("List").unwrap_or_default().to_string();
             let api_version = map.get("apiVersion").cloned();
             let items = match map.remove("items") {
+                Some(Value::Array(items)) if items.len() > crate::limits::MAX_LIST_ITEMS => {
+                    return Err(SnapshotError::NotObjects {
+                        origin,
+                        reason: format!(
+                            "{kind}: items: {} items: at most {} objects in one List",
+                            items.len(),
+                            crate::limits::MAX_LIST_ITEMS
+                        ),
+                    })
+                }
                 Some(Value::Array(items)) => items,
                 other => {
                     return Err(SnapshotError::NotObjects {

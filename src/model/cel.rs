@@ -277,8 +277,15 @@ fn err<T>(msg: impl Into<String>) -> Result<T, CelError> {
 impl Program {
     /// Parses an expression; anything outside the supported subset is an error saying what.
     pub fn compile(source: &str) -> Result<Program, CelError> {
+        use crate::limits::MAX_CEL_EXPRESSION_BYTES;
+        if source.len() > MAX_CEL_EXPRESSION_BYTES {
+            return err(format!(
+                "expression of {} bytes; at most {MAX_CEL_EXPRESSION_BYTES} are allowed (the API server's limit)",
+                source.len()
+            ));
+        }
         let tokens = lex(source)?;
-        let mut p = Parser { tokens, pos: 0 };
+        let mut p = Parser { tokens, pos: 0, depth: 0 };
         let expr = p.expr()?;
         if p.pos != p.tokens.len() {
             return err(format!("unexpected {} at end of expression", p.tokens[p.pos]));
@@ -411,6 +418,9 @@ fn lex(src: &str) -> Result<Vec<Tok>, CelError> {
 struct Parser {
     tokens: Vec<Tok>,
     pos: usize,
+    /// How deep the expression tree is at this point: recursion and chained operators both
+    /// count, so neither parsing, evaluating nor dropping the tree can overflow the stack.
+    depth: usize,
 }
 
 impl Parser {
@@ -435,7 +445,24 @@ impl Parser {
             }
         }
     }
+    /// One more level of nesting, refused past [`crate::limits::MAX_CEL_NESTING`].
+    fn deeper(&mut self) -> Result<(), CelError> {
+        self.depth += 1;
+        if self.depth > crate::limits::MAX_CEL_NESTING {
+            return err(format!(
+                "expression nested deeper than {} levels (the API server's CEL parser limit)",
+                crate::limits::MAX_CEL_NESTING
+            ));
+        }
+        Ok(())
+    }
     fn expr(&mut self) -> Result<Expr, CelError> {
+        self.deeper()?;
+        let e = self.conditional();
+        self.depth -= 1;
+        e
+    }
+    fn conditional(&mut self) -> Result<Expr, CelError> {
         let c = self.or()?;
         if self.eat("?") {
             let a = self.or()?;
@@ -446,20 +473,27 @@ impl Parser {
         Ok(c)
     }
     fn or(&mut self) -> Result<Expr, CelError> {
+        let start = self.depth;
         let mut l = self.and()?;
         while self.eat("||") {
+            self.deeper()?;
             l = Expr::Or(Box::new(l), Box::new(self.and()?));
         }
+        self.depth = start;
         Ok(l)
     }
     fn and(&mut self) -> Result<Expr, CelError> {
+        let start = self.depth;
         let mut l = self.relation()?;
         while self.eat("&&") {
+            self.deeper()?;
             l = Expr::And(Box::new(l), Box::new(self.relation()?));
         }
+        self.depth = start;
         Ok(l)
     }
     fn relation(&mut self) -> Result<Expr, CelError> {
+        let start = self.depth;
         let mut l = self.addition()?;
         loop {
             let op = match self.peek() {
@@ -470,13 +504,18 @@ impl Parser {
                 Some(Tok::Punct(">")) => BinOp::Gt,
                 Some(Tok::Punct(">=")) => BinOp::Ge,
                 Some(Tok::Ident(s)) if s == "in" => BinOp::In,
-                _ => return Ok(l),
+                _ => {
+                    self.depth = start;
+                    return Ok(l);
+                }
             };
             self.pos += 1;
+            self.deeper()?;
             l = Expr::Bin(op, Box::new(l), Box::new(self.addition()?));
         }
     }
     fn addition(&mut self) -> Result<Expr, CelError> {
+        let start = self.depth;
         let mut l = self.multiplication()?;
         loop {
             let op = if self.eat("+") {
@@ -484,12 +523,15 @@ impl Parser {
             } else if self.eat("-") {
                 BinOp::Sub
             } else {
+                self.depth = start;
                 return Ok(l);
             };
+            self.deeper()?;
             l = Expr::Bin(op, Box::new(l), Box::new(self.multiplication()?));
         }
     }
     fn multiplication(&mut self) -> Result<Expr, CelError> {
+        let start = self.depth;
         let mut l = self.unary()?;
         loop {
             let op = if self.eat("*") {
@@ -499,19 +541,24 @@ impl Parser {
             } else if self.eat("%") {
                 BinOp::Rem
             } else {
+                self.depth = start;
                 return Ok(l);
             };
+            self.deeper()?;
             l = Expr::Bin(op, Box::new(l), Box::new(self.unary()?));
         }
     }
     fn unary(&mut self) -> Result<Expr, CelError> {
-        if self.eat("!") {
-            return Ok(Expr::Not(Box::new(self.unary()?)));
-        }
-        if self.eat("-") {
-            return Ok(Expr::Neg(Box::new(self.unary()?)));
-        }
-        self.member()
+        self.deeper()?;
+        let e = if self.eat("!") {
+            self.unary().map(|e| Expr::Not(Box::new(e)))
+        } else if self.eat("-") {
+            self.unary().map(|e| Expr::Neg(Box::new(e)))
+        } else {
+            self.member()
+        };
+        self.depth -= 1;
+        e
     }
     fn args(&mut self) -> Result<Vec<Expr>, CelError> {
         let mut args = Vec::new();
@@ -566,8 +613,14 @@ impl Parser {
         Ok(Expr::Call { target: target.map(Box::new), name, args, regex })
     }
     fn member(&mut self) -> Result<Expr, CelError> {
+        let start = self.depth;
         let mut e = self.primary()?;
         loop {
+            if !matches!(self.peek(), Some(Tok::Punct("." | "["))) {
+                self.depth = start;
+                return Ok(e);
+            }
+            self.deeper()?;
             if self.eat(".") {
                 let Some(Tok::Ident(name)) = self.peek().cloned() else {
                     return err("expected a field or method name after `.`");
@@ -1001,5 +1054,46 @@ mod tests {
         assert!(Semver::parse("1.10.0").unwrap() > Semver::parse("1.9.9").unwrap());
         assert_eq!(Semver::parse("1.2"), None);
         assert_eq!(Semver::parse("01.2.3"), None);
+    }
+
+    #[test]
+    fn nesting_and_length_are_bounded_as_the_api_server_bounds_them() {
+        use crate::limits::{MAX_CEL_EXPRESSION_BYTES, MAX_CEL_NESTING};
+        // Within the bound, deep nesting of each kind compiles and evaluates.
+        let ok = 100;
+        for e in [
+            format!("{}true{}", "(".repeat(ok), ")".repeat(ok)),
+            format!("{}true", "!!".repeat(ok / 2)),
+            vec!["true"; ok].join(" || "),
+            vec!["true"; ok].join(" && "),
+            format!("{}1 == 1", "1 + ".repeat(ok)),
+            format!("{}1]{} == [1]", "[".repeat(ok), "]".repeat(ok - 1)),
+        ] {
+            assert!(run(&e).is_ok(), "{e}: {:?}", run(&e));
+        }
+        // Past it, each is an error naming the limit, not a stack overflow: 3,000 parentheses
+        // (the selector) and 10,000, and chains of each binary operator (whose trees
+        // are as deep as they are long).
+        let deep = [
+            format!("{}true{}", "(".repeat(3000), ")".repeat(3000)),
+            format!("{}true", "(".repeat(10_000)),
+            format!("{}true", "!".repeat(MAX_CEL_NESTING + 1)),
+            vec!["true"; MAX_CEL_NESTING + 2].join("||"),
+            vec!["true"; MAX_CEL_NESTING + 2].join("&&"),
+            format!("{}1 == 1", "1+".repeat(MAX_CEL_NESTING + 1)),
+            format!("{}1 == 1", "1*".repeat(MAX_CEL_NESTING + 1)),
+            format!("{}true", "1==".repeat(MAX_CEL_NESTING + 1)),
+            format!("device{}", ".x".repeat(MAX_CEL_NESTING + 1)),
+            format!("{}1", "[".repeat(MAX_CEL_NESTING + 1)),
+        ];
+        for e in deep {
+            let why = Program::compile(&e).unwrap_err().0;
+            let ok = why.contains(&format!("nested deeper than {MAX_CEL_NESTING}"))
+                || why.contains(&format!("at most {MAX_CEL_EXPRESSION_BYTES}"));
+            assert!(ok, "{}: {why}", &e[..40.min(e.len())]);
+        }
+        let long = format!("device.driver == \"{}\"", "x".repeat(MAX_CEL_EXPRESSION_BYTES));
+        let why = Program::compile(&long).unwrap_err().0;
+        assert!(why.contains(&format!("{} bytes", long.len())), "{why}");
     }
 }

@@ -188,6 +188,17 @@ pub fn sizes_from_snapshot(
     for n in &snapshot.nodes {
         if let Some(g) = index.group_of(n) {
             counts[g] += 1;
+            continue;
+        }
+        // The group's label, another instance type: said, not silently left out of the group.
+        let named = n.node_group.as_deref().and_then(|l| groups.iter().find(|g| g.name() == l));
+        if let (Some(g), Some(t)) = (named, n.instance_type.as_deref()) {
+            let known =
+                if crate::providers::catalog::lookup(t).is_some() { "" } else { " (not in the catalog)" };
+            warnings.push(format!(
+                "Node {}: instance type {t:?}{known} (label node.kubernetes.io/instance-type) is not node group {}'s {:?}; the node is not counted in the group",
+                n.name, g.id, g.instance_type
+            ));
         }
     }
     for ((g, count), stated) in groups.iter_mut().zip(counts).zip(stated) {

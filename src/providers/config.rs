@@ -333,9 +333,9 @@ pub enum DraAttributeConfig {
     Str(String),
 }
 
-/// Largest group size a config may declare: GKE's 15,000-node cluster limit, the largest any
-/// managed Kubernetes supports (a bigger one only makes a plan invent nodes by the million).
-pub const MAX_GROUP_SIZE: u32 = 15_000;
+/// Largest group size a config may declare (a bigger one only makes a plan invent nodes by the
+/// million): [`crate::limits::MAX_GROUP_SIZE`].
+pub use crate::limits::MAX_GROUP_SIZE;
 
 /// Largest pod limit a group may declare (a kubelet's `maxPods` beyond this is no real node).
 pub const MAX_PODS_LIMIT: u32 = 10_000;
@@ -491,8 +491,7 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ProviderConfig, ConfigE
     load_strs(&files)
 }
 
-/// Largest provider config file: far above any real one (they are kilobytes).
-const MAX_CONFIG_BYTES: u64 = 16 << 20;
+use crate::limits::MAX_CONFIG_BYTES;
 
 /// A config path as files: a file, or a folder's `*.yaml`/`*.yml` files in name order.
 fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
@@ -742,6 +741,27 @@ impl Validator {
                     format!("provider {} needs a region", kind.as_str()),
                 );
             }
+            // A simulated account's region is whatever it says (a fictional `sim-1` too); a real
+            // account's is where its API calls go and what its prices are for.
+            ProviderKind::Aws | ProviderKind::Gcp => {
+                let region = a.region.as_deref().unwrap_or_default();
+                if !catalog::is_known_region(a.cloud_flavor(), region) {
+                    self.err(
+                        file,
+                        format!("{at}.region"),
+                        show(region),
+                        format!(
+                            "not a {} region gpuscale knows (for example {})",
+                            kind.as_str(),
+                            if kind == ProviderKind::Aws {
+                                "us-east-1, eu-west-1"
+                            } else {
+                                "us-central1, europe-west4"
+                            }
+                        ),
+                    );
+                }
+            }
             _ => {}
         }
         if kind == ProviderKind::Gcp && a.project.as_deref().is_none_or(str::is_empty) {
@@ -931,6 +951,17 @@ impl Validator {
                         v.to_string(),
                         "prices must be non-negative dollars per hour",
                     );
+                } else if v > crate::limits::MAX_PRICE_USD_PER_HOUR {
+                    self.err(
+                        file,
+                        format!("{at}.{name}"),
+                        v.to_string(),
+                        format!(
+                            "more than ${} per hour for one instance (the dearest cost about $400/h): \
+                             prices are dollars per instance-hour",
+                            crate::limits::MAX_PRICE_USD_PER_HOUR
+                        ),
+                    );
                 }
             }
         }
@@ -1013,8 +1044,14 @@ impl Validator {
         }
         if let Some(s) = &g.instance_spec {
             let sat = format!("{at}.instanceSpec");
-            if s.vcpu == 0 {
-                self.err(file, format!("{sat}.vcpu"), "0".into(), "must be at least 1");
+            use crate::limits::{MAX_GPUS_PER_NODE, MAX_MEMORY_GIB_PER_NODE, MAX_VCPUS_PER_NODE};
+            if !(1..=MAX_VCPUS_PER_NODE).contains(&s.vcpu) {
+                self.err(
+                    file,
+                    format!("{sat}.vcpu"),
+                    s.vcpu.to_string(),
+                    format!("must be 1 to {MAX_VCPUS_PER_NODE}"),
+                );
             }
             if !(s.memory_gib.is_finite() && s.memory_gib > 0.0) {
                 self.err(
@@ -1022,6 +1059,29 @@ impl Validator {
                     format!("{sat}.memoryGiB"),
                     s.memory_gib.to_string(),
                     "must be a positive number of GiB",
+                );
+            } else if s.memory_gib > MAX_MEMORY_GIB_PER_NODE {
+                self.err(
+                    file,
+                    format!("{sat}.memoryGiB"),
+                    s.memory_gib.to_string(),
+                    format!("more than {MAX_MEMORY_GIB_PER_NODE} GiB on one instance"),
+                );
+            }
+            if let Some(m) = s.max_pods.filter(|m| !(1..=MAX_PODS_LIMIT).contains(m)) {
+                self.err(
+                    file,
+                    format!("{sat}.maxPods"),
+                    m.to_string(),
+                    format!("must be 1 to {MAX_PODS_LIMIT}"),
+                );
+            }
+            if s.gpus > MAX_GPUS_PER_NODE {
+                self.err(
+                    file,
+                    format!("{sat}.gpus"),
+                    s.gpus.to_string(),
+                    format!("more than {MAX_GPUS_PER_NODE} GPUs on one instance; at most {MAX_GPUS_PER_NODE} are planned"),
                 );
             }
             match (&s.gpu_model, s.gpus) {

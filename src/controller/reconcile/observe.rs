@@ -6,7 +6,7 @@ use super::{Controller, ControllerError, LoopState};
 use crate::controller::config::ControllerConfig;
 use crate::controller::pod_store::PodStore;
 use crate::controller::snapshot::{self, ClusterView};
-use crate::controller::{gate, provisioning, readiness};
+use crate::controller::{gate, provisioning, readiness, Observer};
 use crate::k8s::SnapshotError;
 use crate::model::NodeGroup;
 use futures::StreamExt;
@@ -429,6 +429,7 @@ impl Stores {
         cfg: &ControllerConfig,
         now: Timestamp,
         assembly: &mut snapshot::AssemblyCache,
+        observer: &dyn Observer,
     ) -> Result<ClusterView, SnapshotError> {
         let pod_groups: Vec<serde_json::Value> = self
             .pod_groups
@@ -449,6 +450,13 @@ impl Stores {
         if let Some(p) = &self.provisioning {
             others.extend(snapshot::provisioning_objects(&p.requests.state(), &p.templates.state()));
         }
+        // Any tenant can create these: one past a bound is left out (a Warning Event on it, a
+        // metric), not a reason to stop planning for everyone else.
+        let (others, refused) = crate::k8s::refuse_out_of_bounds(others);
+        for r in &refused {
+            tracing::warn!(object = %r, "object left out of the plan: a value is past gpuscale's limits");
+        }
+        observer.objects_refused(&refused);
         let view = snapshot::build(
             &self.nodes.state(),
             &self.pods.state(),
@@ -491,7 +499,7 @@ impl Controller {
         let cfg = &self.options.config;
         state.cluster.get_or_insert_with(|| (stores.nodes.clone(), stores.pods.clone()));
         let groups = self.refresh_groups(state, now).await;
-        let mut view = stores.view(cfg, now, &mut state.assembly)?;
+        let mut view = stores.view(cfg, now, &mut state.assembly, self.observer.as_ref())?;
 
         // Which nodes are capacity (starting, Ready, unready), judged as `gpuscale plan` does.
         let lifecycle = cfg.lifecycle_settings(now.as_second(), &self.options.planner.telemetry);
