@@ -199,3 +199,38 @@ async fn an_expired_booking_releases_its_capacity_to_scale_down() {
     driver.abort();
     c.assert_rbac_allowed("a");
 }
+
+/// #48, hostile input from a tenant: a ProvisioningRequest of 2,147,483,647 pods (the CRD accepts
+/// any int32) is left out of the pass with a Warning Event on it, and the controller keeps
+/// scaling for everyone else. A claim selector nested 10,000 deep never reaches it: the API
+/// server refuses it (its own CEL limits), which this checks too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_hostile_objects_are_left_out_and_everyone_else_is_served() {
+    let c = cluster().await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    ask(&c, "huge", 2_147_483_647, json!({})).await;
+    let deep = format!("{}true{}", "(".repeat(10_000), ")".repeat(10_000));
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "deep", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": deep}}]}}]}}});
+    let refused =
+        c.cp.raw("POST", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims", Some(claim)).await;
+    assert!(refused.is_err(), "the API server accepted a 10,000-deep selector");
+    let a = c
+        .controller("a", fast_config(), PlannerSettings { scale_down: false, ..Default::default() }, false)
+        .await;
+    c.create(pod_json("ml", "trainer", 8, Some("Job"), None)).await;
+    c.wait_until(WAIT, "a scale-up for the other tenant's pod", || async {
+        !c.set_target_calls().is_empty()
+    })
+    .await;
+    c.wait_until(WAIT, "an ObjectRefused Event on the request", || async {
+        event_reasons(&c, "huge").await.iter().any(|r| r == "ObjectRefused")
+    })
+    .await;
+    assert_eq!(c.set_target_calls(), vec![(0, 1)], "one node for the trainer, none for the request");
+    assert!(!has(&c, "huge", "Provisioned", "True", "CapacityIsProvisioned").await);
+    a.shutdown().await.unwrap();
+    driver.abort();
+}
