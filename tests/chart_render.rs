@@ -687,6 +687,16 @@ fn controller_metrics() -> gpuscale::controller::metrics::Metrics {
     m.error("scale_up");
     m.backoff("acct/g");
     m.set_leader(true);
+    m.observe_refused(&[gpuscale::k8s::RefusedObject {
+        api_version: "autoscaling.x-k8s.io/v1".into(),
+        kind: "ProvisioningRequest".into(),
+        namespace: Some("ml".into()),
+        name: "huge".into(),
+        uid: None,
+        field: "spec.podSets[0].count".into(),
+        value: "2147483647".into(),
+        reason: "more than 15000".into(),
+    }]);
     m
 }
 

@@ -858,3 +858,36 @@ async fn a_leader_crash_mid_gang_is_resumed_once_by_the_next() {
         b.shutdown().await.unwrap();
     }
 }
+
+/// A PodDisruptionBudget refuses the drain's eviction for longer than `drainTimeoutSeconds`: the
+/// drain is given up, the node uncordoned and kept with its pod, and nothing is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_refusing_past_the_drain_timeout_gives_the_node_back() {
+    let (c, busy, idle) = cluster_with(pod_json("ml", "web", 1, Some("ReplicaSet"), None), 2, 0).await;
+    c.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "ml"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .await;
+    drain_under_way(&c, &idle).await;
+    let (seen, sampler) = spawn_sampler(&c);
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let config =
+        ControllerConfig { drain_timeout_seconds: 3.0, scale_down_unneeded_seconds: 600.0, ..fast_config() };
+    let replica = c.controller("a", config, PlannerSettings::default(), false).await;
+    c.wait_until(WAIT, "the drain given up", || async {
+        c.node(&idle).await.is_some_and(|n| !has_drain_marks(&n) && n["spec"]["unschedulable"] != true)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sampler.abort();
+    driver.abort();
+    assert_eq!(c.running_on("web").await.as_deref(), Some(idle.as_str()), "web still runs on its node");
+    assert!(c.deleted_instances().is_empty() && c.node(&busy).await.is_some());
+    let refused = c.cp.audit().into_iter().filter(|e| e.subresource == "eviction" && e.code == 429).count();
+    assert!(refused > 0, "the budget refused the eviction");
+    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+    assert!(violations.is_empty(), "{violations:#?}");
+    replica.shutdown().await.unwrap();
+}

@@ -221,6 +221,27 @@ async fn plan_of_the_live_cluster_equals_plan_of_its_kubectl_export() {
     assert_eq!(planned_pods(&live), planned_pods(&from_file));
 }
 
+/// `gpuscale plan` of the live cluster on `cp` with `args` (providers, config), which must equal
+/// the plan of the same objects as `kubectl get <kinds> -A -o json` exports them; returns it.
+async fn live_equals_export(
+    cp: &ControlPlane,
+    dir: &Path,
+    kinds: &[&[(&str, &str, &str)]],
+    args: &[&str],
+) -> Value {
+    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
+    let live_args: Vec<&str> =
+        ["plan", "--kubeconfig", kc.as_str()].into_iter().chain(args.iter().copied()).collect();
+    let (live, _) = ok(gpuscale(&[live_args.as_slice(), &["-o", "json"]].concat(), None), "live");
+    let export = dir.join("export.json");
+    std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(cp, kinds).await).unwrap()).unwrap();
+    let snapshot_args: Vec<&str> =
+        ["plan", "--snapshot", export.to_str().unwrap()].into_iter().chain(args.iter().copied()).collect();
+    let (exported, _) = ok(gpuscale(&[snapshot_args.as_slice(), &["-o", "json"]].concat(), None), "export");
+    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+    live
+}
+
 /// Every pending pod the plan accounts for: placed, scaled for, or unschedulable.
 fn planned_pods(plan: &Value) -> BTreeSet<String> {
     let list = |key: &str| plan[key].as_array().cloned().unwrap_or_default();
@@ -284,18 +305,8 @@ accounts:
     for o in &objects {
         create(&cp, o).await;
     }
-    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
     let p = providers.to_str().unwrap();
-    let (live, _) =
-        ok(gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "-o", "json"], None), "live");
-    let export = dir.path().join("export.json");
-    let list = kubectl_export(&cp, &[CORE_KINDS, DRA_KINDS]).await;
-    std::fs::write(&export, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
-    let (exported, _) = ok(
-        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
-        "export",
-    );
-    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+    let live = live_equals_export(&cp, dir.path(), &[CORE_KINDS, DRA_KINDS], &["--providers", p]).await;
     // What the plan says (so an agreement on nothing cannot pass): four GPUs only the L4 node
     // has free; eight H100s no existing node has, so one more H100 node.
     let placed: Vec<(&str, &str)> = live["placements"]
@@ -382,7 +393,6 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
     }
     cp.raw("DELETE", &format!("/api/v1/nodes/{DELETING}"), None).await.expect("delete the node");
     let dir = tempfile::tempdir().unwrap();
-    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
     let providers = root.join("examples/providers/simulated.yaml");
     let p = providers.to_str().unwrap();
     // The API server stamps every node as registered now: a one-second registration time makes
@@ -391,21 +401,7 @@ async fn node_lifecycle_read_live_is_the_lifecycle_of_the_export() {
     std::fs::write(&config, "controller:\n  registrationTimeoutSeconds: 1\n").unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let c = config.to_str().unwrap();
-    let (live, _) = ok(
-        gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "--config", c, "-o", "json"], None),
-        "live",
-    );
-    let export = dir.path().join("export.json");
-    std::fs::write(&export, serde_json::to_vec_pretty(&kubectl_export(&cp, &[CORE_KINDS]).await).unwrap())
-        .unwrap();
-    let (exported, _) = ok(
-        gpuscale(
-            &["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "--config", c, "-o", "json"],
-            None,
-        ),
-        "export",
-    );
-    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+    let live = live_equals_export(&cp, dir.path(), &[CORE_KINDS], &["--providers", p, "--config", c]).await;
 
     let warnings: Vec<&str> = live["warnings"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     for said in [
@@ -467,21 +463,8 @@ accounts:
     for o in &objects {
         create(&cp, o).await;
     }
-    let kc = cp.admin_kubeconfig.to_str().unwrap().to_string();
     let p = providers.to_str().unwrap();
-    let (live, _) =
-        ok(gpuscale(&["plan", "--kubeconfig", &kc, "--providers", p, "-o", "json"], None), "live");
-    let export = dir.path().join("export.json");
-    std::fs::write(
-        &export,
-        serde_json::to_vec_pretty(&kubectl_export(&cp, &[CORE_KINDS, DRA_KINDS]).await).unwrap(),
-    )
-    .unwrap();
-    let (exported, _) = ok(
-        gpuscale(&["plan", "--snapshot", export.to_str().unwrap(), "--providers", p, "-o", "json"], None),
-        "export",
-    );
-    assert_eq!(live, exported, "live plan vs plan of the kubectl export");
+    let live = live_equals_export(&cp, dir.path(), &[CORE_KINDS, DRA_KINDS], &["--providers", p]).await;
     let placements = live["placements"].as_array().unwrap();
     let dra = placements.iter().find(|x| x["pod"] == "ml/dra").unwrap_or_else(|| panic!("{live:#}"));
     assert_eq!(dra["node"], "h100-dra", "{live:#}");
