@@ -237,4 +237,7 @@ impl Observer for Observers {
     ) {
         self.0.iter().for_each(|o| o.request_condition(request, uid, condition));
     }
+    fn objects_refused(&self, refused: &[crate::k8s::RefusedObject]) {
+        self.0.iter().for_each(|o| o.objects_refused(refused));
+    }
 }
