@@ -5,7 +5,6 @@ use super::cluster::{members_of, next_node, next_zone, NodeInfo, Origin};
 use super::plan::{Kept, Replace, ScaleDown};
 use super::scale_up::pack_fresh;
 use super::{PlanInput, PlannerSettings};
-use crate::model::telemetry::format_duration;
 use crate::model::{
     DeviceAssignment, DrainRules, Node, NodeGroup, NodeId, NodeState, OwnerKind, Workload, GPU_MILLI,
 };
@@ -199,10 +198,15 @@ fn removable_per_group(groups: &[NodeGroup], info: &[NodeInfo], nodes: &[Node]) 
         .collect()
 }
 
+/// Since when an unready node has been unready, where known (and the plan has a clock).
+fn unready_since(node: &Node, settings: &PlannerSettings) -> Option<i64> {
+    settings.now?;
+    node.lifecycle.unready_since.filter(|_| node.state == NodeState::Unready)
+}
+
 /// How long an unready node has been unready, where known.
 fn unready_for(node: &Node, settings: &PlannerSettings) -> Option<f64> {
-    let since = node.lifecycle.unready_since.filter(|_| node.state == NodeState::Unready)?;
-    Some(settings.now?.saturating_sub(since) as f64)
+    Some(settings.now?.saturating_sub(unready_since(node, settings)?) as f64)
 }
 
 pub(crate) fn plan(
@@ -315,8 +319,9 @@ pub(crate) fn plan(
                         .filter(|(wi, _)| workloads[*wi].node_name.is_some())
                         .map(|(wi, p)| (workloads[*wi].id.clone(), placer.nodes()[p.node].name.clone()))
                         .collect(),
-                    reason: if let Some(s) = unready_for(node, settings) {
-                        format!("unready for {}; its pods fit on other nodes", format_duration(s as u64))
+                    // A date, not an age: two plans of one cluster a second apart say the same.
+                    reason: if let Some(since) = unready_since(node, settings) {
+                        format!("unready since {}; its pods fit on other nodes", super::readiness::utc(since))
                     } else if moved.is_empty() && util == 0.0 {
                         "empty".to_string()
                     } else if settings.scale_down_utilization >= 1.0 {
