@@ -10,13 +10,14 @@
 //!    even one the chart's RBAC refuses);
 //! 3. no group has fewer nodes than its minimum once the drains under way are counted;
 //! 4. no more nodes are drained at once than `maxScaleDownParallelism`;
-//! 5. no node that has been Ready is removed (instance or Node) without a drain the controller
-//!    started for a reason;
+//! 5. no node that has been Ready is removed (instance or Node) without a drain a controller
+//!    started for a reason (seen in its observer's calls or as the drain's marks on the Node);
 //! 6. no replica writes (other than its Lease claims and Events) unless it holds the Lease: the
 //!    last successful write of the Lease before the write is its own, within the Lease's duration.
 //!
-//! Each scenario runs with the seeds of `GPUSCALE_SAFETY_SEEDS` (default `1,2`; the long form is
-//! `GPUSCALE_SAFETY_SEEDS=1,2,3,4,5,6,7,8 cargo test --all-features --test k8s_safety`), and each
+//! Each scenario runs with the seeds of `GPUSCALE_SAFETY_SEEDS` (default `1,2`; more with
+//! `GPUSCALE_SAFETY_SEEDS=1,2,3,4,5,6,7,8 cargo test --all-features --test k8s_safety`, and for
+//! hours, new seeds each round, with `scripts/safety-soak.sh HOURS`), and each
 //! invariant is shown to fire by a controller with one rule broken on purpose
 //! (`gate::Mutant`).
 
@@ -59,6 +60,9 @@ struct Seen {
     most_draining: usize,
     /// Samples where a group's target, less its nodes being drained, was below its minimum.
     below_min: Vec<String>,
+    /// Nodes seen carrying a drain's reason (a drain some replica started, this one or one
+    /// before it).
+    drained: BTreeSet<String>,
 }
 
 /// Watches the cluster every 50 ms until aborted.
@@ -73,6 +77,11 @@ fn spawn_sampler(c: &Arc<KubeCluster>) -> (Arc<Mutex<Seen>>, tokio::task::JoinHa
                 let mut seen = out.lock().unwrap();
                 let draining: Vec<&Value> = nodes.iter().filter(|n| has_drain_marks(n)).collect();
                 seen.most_draining = seen.most_draining.max(draining.len());
+                for n in &draining {
+                    if n["metadata"]["annotations"][DRAIN_REASON].as_str().is_some_and(|r| !r.is_empty()) {
+                        seen.drained.insert(n["metadata"]["name"].as_str().unwrap_or_default().to_string());
+                    }
+                }
                 for n in &nodes {
                     if is_ready(n) {
                         seen.ever_ready
@@ -138,13 +147,14 @@ fn audit(c: &KubeCluster, replicas: &[(&str, &Recorder)], seen: &Seen, paralleli
             seen.most_draining
         ));
     }
-    let drained: BTreeSet<String> = replicas
+    let mut drained: BTreeSet<String> = replicas
         .iter()
         .flat_map(|(_, r)| r.with_prefix("drain_started: "))
         .filter_map(|l| {
             l.strip_prefix("drain_started: ").and_then(|r| r.split(' ').next()).map(str::to_string)
         })
         .collect();
+    drained.extend(seen.drained.iter().cloned());
     let mut removed: BTreeSet<String> = audit
         .iter()
         .filter(|e| users.contains(&e.user) && e.resource == "nodes" && e.verb == "delete" && e.code < 300)
@@ -306,47 +316,56 @@ async fn cluster_with(pod: Value, target: u32, min: u32) -> (Arc<KubeCluster>, S
 /// back: never terminated under it, uncordoned, an Event and a metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_outlives_its_capped_grace_keeps_its_node() {
-    let mut ckpt = pod_json("ml", "ckpt", 1, Some("ReplicaSet"), None);
-    ckpt["spec"]["terminationGracePeriodSeconds"] = json!(1800);
-    ckpt["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
-    let (c, busy, idle) = cluster_with(ckpt, 2, 0).await;
-    let (seen, sampler) = spawn_sampler(&c);
-    let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    // Unneeded for 5 s before a drain: an abandoned drain restarts the window, so the node stays
-    // given back for that long.
-    let config =
-        ControllerConfig { drain_grace_cap_seconds: 2.0, scale_down_unneeded_seconds: 5.0, ..fast_config() };
-    let replica = c.controller("a", config, PlannerSettings::default(), false).await;
-    c.wait_until(WAIT, "ckpt evicted", || async {
-        c.pod("ckpt").await.is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
-    })
-    .await;
-    let pod = c.pod("ckpt").await.unwrap();
-    assert_eq!(pod["metadata"]["deletionGracePeriodSeconds"], 2, "the eviction asked for the capped grace");
-    c.wait_until(Duration::from_secs(60), "the drain given up", || async {
-        !replica.recorder.with_prefix(&format!("drain_abandoned: {idle}")).is_empty()
-    })
-    .await;
-    assert!(c.deleted_instances().concat().is_empty(), "terminated under a terminating pod");
-    let node = c.node(&idle).await.expect("the node is kept");
-    assert!(!has_drain_marks(&node), "given back without drain marks: {node:#}");
-    assert_ne!(node["spec"]["unschedulable"], true, "uncordoned");
-    c.wait_until(WAIT, "a ScaleDownFailed Event saying why", || async {
-        let events = c.get("/apis/events.k8s.io/v1/namespaces/default/events").await.unwrap_or_default();
-        events["items"].as_array().into_iter().flatten().any(|e| {
-            e["reason"] == "ScaleDownFailed"
-                && e["note"].as_str().is_some_and(|n| n.contains("drain abandoned"))
+    for seed in seeds() {
+        let mut ckpt = pod_json("ml", "ckpt", 1, Some("ReplicaSet"), None);
+        ckpt["spec"]["terminationGracePeriodSeconds"] = json!(1800);
+        ckpt["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
+        let (c, busy, idle) = cluster_with(ckpt, 2, 0).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        // Unneeded for 5 s before a drain: an abandoned drain restarts the window, so the node stays
+        // given back for that long.
+        let config = ControllerConfig {
+            drain_grace_cap_seconds: 1.0 + seed as f64,
+            scale_down_unneeded_seconds: 5.0,
+            ..fast_config()
+        };
+        let replica = c.controller("a", config, PlannerSettings::default(), false).await;
+        c.wait_until(WAIT, "ckpt evicted", || async {
+            c.pod("ckpt").await.is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
         })
-    })
-    .await;
-    // The pod finally goes: the node may then be removed, through a drain.
-    c.cp.raw_patch("/api/v1/namespaces/ml/pods/ckpt", &json!({"metadata": {"finalizers": null}})).await;
-    sampler.abort();
-    driver.abort();
-    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
-    assert!(violations.is_empty(), "{violations:#?}");
-    assert!(c.node(&busy).await.is_some());
-    replica.shutdown().await.unwrap();
+        .await;
+        let pod = c.pod("ckpt").await.unwrap();
+        assert_eq!(
+            pod["metadata"]["deletionGracePeriodSeconds"],
+            1 + seed,
+            "the eviction asked for the capped grace"
+        );
+        c.wait_until(Duration::from_secs(60), "the drain given up", || async {
+            !replica.recorder.with_prefix(&format!("drain_abandoned: {idle}")).is_empty()
+        })
+        .await;
+        assert!(c.deleted_instances().concat().is_empty(), "terminated under a terminating pod");
+        let node = c.node(&idle).await.expect("the node is kept");
+        assert!(!has_drain_marks(&node), "given back without drain marks: {node:#}");
+        assert_ne!(node["spec"]["unschedulable"], true, "uncordoned");
+        c.wait_until(WAIT, "a ScaleDownFailed Event saying why", || async {
+            let events = c.get("/apis/events.k8s.io/v1/namespaces/default/events").await.unwrap_or_default();
+            events["items"].as_array().into_iter().flatten().any(|e| {
+                e["reason"] == "ScaleDownFailed"
+                    && e["note"].as_str().is_some_and(|n| n.contains("drain abandoned"))
+            })
+        })
+        .await;
+        // The pod finally goes: the node may then be removed, through a drain.
+        c.cp.raw_patch("/api/v1/namespaces/ml/pods/ckpt", &json!({"metadata": {"finalizers": null}})).await;
+        sampler.abort();
+        driver.abort();
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "{violations:#?}");
+        assert!(c.node(&busy).await.is_some());
+        replica.shutdown().await.unwrap();
+    }
 }
 
 /// Marks `node` as a previous leader's drain that has begun evicting.
@@ -404,65 +423,71 @@ async fn a_long_drain_counts_against_the_minimum() {
 /// name) is never drained, even empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_matched_by_label_alone_is_never_drained() {
-    let c = KubeCluster::start(&l4_group(1, 0, 8), Options::default()).await;
-    let nodes = c.register_all_ready().await;
-    c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&nodes[0]))).await;
-    let group = c.group("gpu-l4");
-    let mut stranger = fixtures::node_json(&group, "aws:///us-east-1a/i-0karpenter");
-    stranger["metadata"]["name"] = json!("stranger");
-    stranger["status"]["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "KubeletReady"}]);
-    c.create(stranger).await;
-    let (seen, sampler) = spawn_sampler(&c);
-    let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    let replica = c.controller("a", fast_config(), PlannerSettings::default(), false).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    sampler.abort();
-    driver.abort();
-    let node = c.node("stranger").await.expect("the stranger stays");
-    assert!(!has_drain_marks(&node) && node["spec"]["unschedulable"] != true, "{node:#}");
-    assert!(replica.recorder.with_prefix("drain_started: stranger").is_empty());
-    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
-    assert!(violations.is_empty(), "{violations:#?}");
-    replica.shutdown().await.unwrap();
+    for seed in seeds() {
+        let c = KubeCluster::start(&l4_group(1, 0, 8), Options::default()).await;
+        let nodes = c.register_all_ready().await;
+        c.create(pod_json("ml", "big", 3, Some("ReplicaSet"), Some(&nodes[0]))).await;
+        let group = c.group("gpu-l4");
+        let mut stranger = fixtures::node_json(&group, "aws:///us-east-1a/i-0karpenter");
+        stranger["metadata"]["name"] = json!("stranger");
+        stranger["status"]["conditions"] =
+            json!([{"type": "Ready", "status": "True", "reason": "KubeletReady"}]);
+        c.create(stranger).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let replica = c.controller("a", fast_config(), PlannerSettings::default(), false).await;
+        tokio::time::sleep(Duration::from_secs(3 + 2 * seed)).await;
+        sampler.abort();
+        driver.abort();
+        let node = c.node("stranger").await.expect("the stranger stays");
+        assert!(!has_drain_marks(&node) && node["spec"]["unschedulable"] != true, "{node:#}");
+        assert!(replica.recorder.with_prefix("drain_started: stranger").is_empty());
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "{violations:#?}");
+        replica.shutdown().await.unwrap();
+    }
 }
 
 /// The review's finding 1: a gang that cannot get all its nodes is rolled back, but an early node
 /// of it that kube-scheduler gave another pod is kept, and so is that pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_rollback_keeps_a_node_running_another_pod() {
-    let c = KubeCluster::start(&l4_group(0, 0, 4), Options::default()).await;
-    c.cloud.set_zone_capacity("us-east-1a", Some(1));
-    let (seen, sampler) = spawn_sampler(&c);
-    let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    let config = ControllerConfig { gang_timeout_seconds: 8.0, ..fast_config() };
-    let replica =
-        c.controller("a", config, PlannerSettings { scale_down: false, ..Default::default() }, false).await;
-    // Two 3-GPU members need two 4-GPU nodes; the zone has room for one.
-    for i in 0..2 {
-        let mut p = pod_json("ml", &format!("worker-{i}"), 3, Some("Job"), None);
-        p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
-        c.create(p).await;
+    for seed in seeds() {
+        let c = KubeCluster::start(&l4_group(0, 0, 4), Options::default()).await;
+        c.cloud.set_zone_capacity("us-east-1a", Some(1));
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let config = ControllerConfig { gang_timeout_seconds: 7.0 + seed as f64, ..fast_config() };
+        let replica = c
+            .controller("a", config, PlannerSettings { scale_down: false, ..Default::default() }, false)
+            .await;
+        // Two 3-GPU members need two 4-GPU nodes; the zone has room for one.
+        for i in 0..2 {
+            let mut p = pod_json("ml", &format!("worker-{i}"), 3, Some("Job"), None);
+            p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+            c.create(p).await;
+        }
+        c.wait_until(WAIT, "a member running on the one node", || async {
+            c.running_on("worker-0").await.is_some() || c.running_on("worker-1").await.is_some()
+        })
+        .await;
+        c.create(pod_json("ml", "squatter", 1, Some("ReplicaSet"), None)).await;
+        c.wait_until(WAIT, "the squatter bound", || async { c.running_on("squatter").await.is_some() }).await;
+        let node = c.running_on("squatter").await.unwrap();
+        c.wait_until(WAIT, "the gang rolled back", || async {
+            !replica.recorder.with_prefix("scale_up_failed: sim/gpu-l4").is_empty()
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sampler.abort();
+        driver.abort();
+        assert_eq!(c.running_on("squatter").await.as_deref(), Some(node.as_str()), "the squatter still runs");
+        assert_eq!(c.live_instances("gpu-l4").len(), 1, "its node is kept");
+        assert_eq!(c.group("gpu-l4").target_size, 1);
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "{violations:#?}");
+        replica.shutdown().await.unwrap();
     }
-    c.wait_until(WAIT, "a member running on the one node", || async {
-        c.running_on("worker-0").await.is_some() || c.running_on("worker-1").await.is_some()
-    })
-    .await;
-    c.create(pod_json("ml", "squatter", 1, Some("ReplicaSet"), None)).await;
-    c.wait_until(WAIT, "the squatter bound", || async { c.running_on("squatter").await.is_some() }).await;
-    let node = c.running_on("squatter").await.unwrap();
-    c.wait_until(WAIT, "the gang rolled back", || async {
-        !replica.recorder.with_prefix("scale_up_failed: sim/gpu-l4").is_empty()
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    sampler.abort();
-    driver.abort();
-    assert_eq!(c.running_on("squatter").await.as_deref(), Some(node.as_str()), "the squatter still runs");
-    assert_eq!(c.live_instances("gpu-l4").len(), 1, "its node is kept");
-    assert_eq!(c.group("gpu-l4").target_size, 1);
-    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
-    assert!(violations.is_empty(), "{violations:#?}");
-    replica.shutdown().await.unwrap();
 }
 
 /// Mutant: a controller that terminates a node chosen for removal without draining it. The
@@ -652,7 +677,7 @@ enum CrashAt {
 /// A scale-down with the controller crashing (no Lease release, no clean-up) at `at`, and a new
 /// replica finishing it: the node's pod is evicted (never deleted), its instance terminated once,
 /// the Node deleted, the group shrunk once, and nothing is stranded.
-async fn crash_during_scale_down(at: CrashAt) {
+async fn crash_during_scale_down(at: CrashAt, seed: u64) {
     let mut web = pod_json("ml", "web", 1, Some("ReplicaSet"), None);
     web["spec"]["terminationGracePeriodSeconds"] = json!(600);
     web["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
@@ -679,6 +704,8 @@ async fn crash_during_scale_down(at: CrashAt) {
         }
     })
     .await;
+    // A little later into the step by seed (the step lasts; the next one is not reached).
+    tokio::time::sleep(Duration::from_millis(40 * seed)).await;
     a.task.abort();
     let a_seen = a.recorder.clone();
     if matches!(at, CrashAt::InstanceGone) {
@@ -714,8 +741,10 @@ async fn crash_during_scale_down(at: CrashAt) {
 /// A controller restarted at every step of a scale-down neither double-removes nor strands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_crash_at_any_step_of_a_scale_down_strands_nothing() {
-    for at in [CrashAt::DrainStarted, CrashAt::PodTerminating, CrashAt::InstanceGone] {
-        crash_during_scale_down(at).await;
+    for seed in seeds() {
+        for at in [CrashAt::DrainStarted, CrashAt::PodTerminating, CrashAt::InstanceGone] {
+            crash_during_scale_down(at, seed).await;
+        }
     }
 }
 
@@ -863,31 +892,169 @@ async fn a_leader_crash_mid_gang_is_resumed_once_by_the_next() {
 /// drain is given up, the node uncordoned and kept with its pod, and nothing is removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_refusing_past_the_drain_timeout_gives_the_node_back() {
-    let (c, busy, idle) = cluster_with(pod_json("ml", "web", 1, Some("ReplicaSet"), None), 2, 0).await;
-    c.create(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "web", "namespace": "ml"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
-    }))
-    .await;
-    drain_under_way(&c, &idle).await;
-    let (seen, sampler) = spawn_sampler(&c);
-    let driver = c.spawn_driver(Duration::from_millis(100), 10);
-    let config =
-        ControllerConfig { drain_timeout_seconds: 3.0, scale_down_unneeded_seconds: 600.0, ..fast_config() };
-    let replica = c.controller("a", config, PlannerSettings::default(), false).await;
-    c.wait_until(WAIT, "the drain given up", || async {
-        c.node(&idle).await.is_some_and(|n| !has_drain_marks(&n) && n["spec"]["unschedulable"] != true)
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    sampler.abort();
-    driver.abort();
-    assert_eq!(c.running_on("web").await.as_deref(), Some(idle.as_str()), "web still runs on its node");
-    assert!(c.deleted_instances().is_empty() && c.node(&busy).await.is_some());
-    let refused = c.cp.audit().into_iter().filter(|e| e.subresource == "eviction" && e.code == 429).count();
-    assert!(refused > 0, "the budget refused the eviction");
-    let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
-    assert!(violations.is_empty(), "{violations:#?}");
-    replica.shutdown().await.unwrap();
+    for seed in seeds() {
+        let (c, busy, idle) = cluster_with(pod_json("ml", "web", 1, Some("ReplicaSet"), None), 2, 0).await;
+        c.create(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "ml"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+        }))
+        .await;
+        drain_under_way(&c, &idle).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let config = ControllerConfig {
+            drain_timeout_seconds: 2.0 + seed as f64,
+            scale_down_unneeded_seconds: 600.0,
+            ..fast_config()
+        };
+        let replica = c.controller("a", config, PlannerSettings::default(), false).await;
+        c.wait_until(WAIT, "the drain given up", || async {
+            c.node(&idle).await.is_some_and(|n| !has_drain_marks(&n) && n["spec"]["unschedulable"] != true)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sampler.abort();
+        driver.abort();
+        assert_eq!(c.running_on("web").await.as_deref(), Some(idle.as_str()), "web still runs on its node");
+        assert!(c.deleted_instances().is_empty() && c.node(&busy).await.is_some());
+        let refused =
+            c.cp.audit().into_iter().filter(|e| e.subresource == "eviction" && e.code == 429).count();
+        assert!(refused > 0, "the budget refused the eviction");
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "{violations:#?}");
+        replica.shutdown().await.unwrap();
+    }
+}
+
+/// A cheap group a gang scales into and a dear node (its own group, another zone) that the cheap
+/// group could replace.
+const GANG_AND_REPLACEMENT: &str = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 600, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], minSize: 0, maxSize: 4, targetSize: 0}
+      - {name: gpu-l4-big, instanceType: g6.48xlarge, zones: [us-east-1b], minSize: 0, maxSize: 1, targetSize: 1}
+"#;
+
+/// A consolidation replacement comes due while a gang waits on the same group (whose nodes boot
+/// slower than the gang waits): the replacement waits for the gang to be decided, so the gang's
+/// rollback removes its own two instances only, never the replacement's, and nothing running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consolidation_replacement_waits_for_a_gang_on_its_group() {
+    for seed in seeds() {
+        let c = KubeCluster::start(GANG_AND_REPLACEMENT, Options::default()).await;
+        let dear = c.register_all_ready().await.remove(0);
+        c.create(pod_json("ml", "web", 1, Some("ReplicaSet"), Some(&dear))).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        // Its nodes take a minute to boot (600 simulated seconds): the gang gives up before,
+        // with nothing registered.
+        let config = ControllerConfig { gang_timeout_seconds: 5.0 + seed as f64, ..fast_config() };
+        let replica = c.controller("a", config, PlannerSettings::default(), false).await;
+        for i in 0..2 {
+            let mut p = pod_json("ml", &format!("worker-{i}"), 4, Some("Job"), None);
+            p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!("llm");
+            p["spec"]["nodeSelector"] = json!({"node.kubernetes.io/instance-type": "g6.12xlarge"});
+            c.create(p).await;
+        }
+        c.wait_until(WAIT, "the gang raised", || async {
+            !replica.recorder.with_prefix("scaled_up: sim/gpu-l4 ").is_empty()
+        })
+        .await;
+        // While the gang waits, the plan wants the dear node replaced by a cheap one.
+        let mut wanted = false;
+        c.wait_until(WAIT, "the gang rolled back", || {
+            let plan = replica.recorder.last_plan.lock().unwrap().clone();
+            wanted |= plan.is_some_and(|(p, _)| p.replacements.iter().any(|r| r.node == dear));
+            async { !replica.recorder.with_prefix("scale_up_failed: sim/gpu-l4 ").is_empty() }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sampler.abort();
+        driver.abort();
+        assert!(wanted, "seed {seed}: the plan never wanted the replacement; the scenario tests nothing");
+        let lines = replica.recorder.lines.lock().unwrap().clone();
+        let rolled_back = lines.iter().position(|l| l.starts_with("scale_up_failed: sim/gpu-l4 ")).unwrap();
+        let replaced = lines.iter().position(|l| l.starts_with("replacement_requested: "));
+        assert!(
+            replaced.is_none_or(|r| r > rolled_back),
+            "seed {seed}: replaced during the gang: {lines:#?}"
+        );
+        assert_eq!(c.running_on("web").await.as_deref(), Some(dear.as_str()), "seed {seed}");
+        let gone = c.deleted_instances().concat();
+        assert_eq!(gone.len(), 2, "seed {seed}: the gang's two instances only: {gone:?}");
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+        replica.shutdown().await.unwrap();
+    }
+}
+
+/// Two teams of one cohort, 4 GPUs each guaranteed; preemption on.
+const TEAMS: &str = r#"
+cohorts: [{name: ml}]
+tenants:
+  - {name: team-a, cohort: ml, match: {namespaces: [team-a]}, quotas: {nvidia.com/gpu: {nominal: 4}}}
+  - {name: team-b, cohort: ml, match: {namespaces: [team-b]}, quotas: {nvidia.com/gpu: {nominal: 4}}}
+preemption: {enabled: true}
+"#;
+
+/// A drain and a preemption at once, on a group that cannot grow: a previous leader's drain of
+/// node A waits on team-b's terminating pod while team-a, within its quota, reclaims 4 GPUs that
+/// team-b borrows on node B. The borrower is evicted once, through the Eviction API, never the
+/// draining node's pod a second time; the claimant runs on B; A goes only once its pod has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_and_a_preemption_at_once_evict_each_pod_once() {
+    for seed in seeds() {
+        let c = KubeCluster::start(&l4_group(2, 0, 2), Options::default()).await;
+        for ns in ["team-a", "team-b"] {
+            c.cp.ensure_namespace(ns).await;
+        }
+        let nodes = c.register_all_ready().await;
+        let (a, b) = (nodes[0].clone(), nodes[1].clone());
+        let mut web = pod_json("team-b", "web", 1, Some("ReplicaSet"), Some(&a));
+        web["spec"]["terminationGracePeriodSeconds"] = json!(600);
+        web["metadata"]["finalizers"] = json!(["test.gpuscale.io/hold"]);
+        c.create(web).await;
+        let mut hog = pod_json("team-b", "hog", 4, Some("Job"), Some(&b));
+        hog["spec"]["terminationGracePeriodSeconds"] = json!(1 + seed);
+        c.create(hog).await;
+        drain_under_way(&c, &a).await;
+        let (seen, sampler) = spawn_sampler(&c);
+        let driver = c.spawn_driver(Duration::from_millis(100), 10);
+        let tenancy = serde_yaml::from_str(TEAMS).unwrap();
+        let settings = PlannerSettings { tenancy: Some(tenancy), ..Default::default() };
+        let config = ControllerConfig { drain_grace_cap_seconds: 3.0, ..fast_config() };
+        let replica = c.controller("a", config, settings, false).await;
+        c.create(pod_json("team-a", "claim", 4, Some("Job"), None)).await;
+        c.wait_until(WAIT, "the claim running on B", || async {
+            c.running_in("team-a", "claim").await.as_deref() == Some(b.as_str())
+        })
+        .await;
+        // Passes with the claim bound and web still terminating: nothing more is evicted.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(c.node(&a).await.is_some(), "seed {seed}: A removed under its terminating pod");
+        c.cp.raw_patch("/api/v1/namespaces/team-b/pods/web", &json!({"metadata": {"finalizers": null}}))
+            .await;
+        c.wait_until(WAIT, "A removed once web has gone", || async { c.node(&a).await.is_none() }).await;
+        sampler.abort();
+        driver.abort();
+        let evictions: Vec<String> = c
+            .requests_of("a")
+            .into_iter()
+            .filter(|e| e.subresource == "eviction" && !e.uri.contains("dryRun=All") && e.code < 300)
+            .map(|e| format!("{}/{}", e.namespace, e.name))
+            .collect();
+        let count = |pod: &str| evictions.iter().filter(|e| *e == pod).count();
+        assert_eq!(count("team-b/hog"), 1, "seed {seed}: {evictions:?}");
+        assert!(count("team-b/web") <= 1, "seed {seed}: {evictions:?}");
+        assert_eq!(evictions.len(), count("team-b/hog") + count("team-b/web"), "seed {seed}: {evictions:?}");
+        assert_eq!(c.deleted_instances().concat().len(), 1, "seed {seed}");
+        let violations = audit(&c, &[("a", &replica.recorder)], &seen.lock().unwrap(), 10);
+        assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+        replica.shutdown().await.unwrap();
+    }
 }

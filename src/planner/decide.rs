@@ -165,11 +165,20 @@ pub fn decide(
     let mut out = Vec::new();
     let waited = |since: i64| (now - since) as f64 >= settings.unneeded_seconds;
 
-    // Scale-ups, absolute targets; a group whose gang scale-up is in progress is left alone.
+    // Scale-ups, absolute targets; a group whose gang scale-up is in progress is left alone. A
+    // gang's raise also waits for the replacements on their way into its group: a gang counts as
+    // its own every instance launched into the group while it waits, so a rollback could take a
+    // replacement's node (Ready, about to receive the pods of the node it replaces) for the gang's.
     let gang_pods: BTreeSet<&str> =
         snapshot.workloads.iter().filter(|w| w.gang.is_some()).map(|w| w.id.as_str()).collect();
+    let replacing_into: BTreeSet<&str> = state.replacing.values().map(|r| r.group.as_str()).collect();
     for su in &plan.scale_ups {
         if gangs_in_flight.contains(&su.group) {
+            continue;
+        }
+        // ProvisioningRequests are served all or nothing, like gangs.
+        let gang = !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str()));
+        if gang && replacing_into.contains(su.group.as_str()) {
             continue;
         }
         out.push(Command::ScaleGroup {
@@ -177,8 +186,7 @@ pub fn decide(
             from: su.from,
             to: su.to,
             pods: su.pods.clone(),
-            // ProvisioningRequests are served all or nothing, like gangs.
-            gang: !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str())),
+            gang,
         });
     }
 
@@ -244,7 +252,8 @@ pub fn decide(
                 reason: format!("no Ready node of {} took its pods in time", r.group),
             });
             next.replacing.remove(node);
-        } else if groups[gi].target_size < r.target {
+        } else if groups[gi].target_size < r.target && !gangs_in_flight.contains(&r.group) {
+            // Raised again once its group's gang is decided (see the scale-ups above).
             out.push(Command::ReraiseReplacement {
                 node: node.clone(),
                 group: r.group.clone(),
@@ -263,6 +272,9 @@ pub fn decide(
             continue;
         }
         let Some(g) = groups.iter().find(|g| g.id == r.replacement_group) else { continue };
+        if gangs_in_flight.contains(&g.id) {
+            continue;
+        }
         let reserved = next.replacing.values().filter(|m| m.group == g.id).map(|m| m.target).max();
         let target = reserved.unwrap_or(0).max(g.target_size) + 1;
         out.push(Command::RequestReplacement {
@@ -490,6 +502,57 @@ mod tests {
                 gang: true
             }]
         );
+    }
+
+    /// A gang's raise and a consolidation replacement never wait on one group at once: the gang
+    /// would count the replacement's instance as its own, and its rollback could take it.
+    #[test]
+    fn a_replacement_and_a_gang_never_wait_on_one_group_at_once() {
+        let (mut snapshot, groups) = world(&[]);
+        let cheap = groups.iter().find(|g| g.id.ends_with("/g2")).unwrap().id.clone();
+        snapshot.workloads.push(Workload {
+            id: "default/g0".into(),
+            gang: Some("g".into()),
+            ..Default::default()
+        });
+        let settings = DecideSettings::default();
+        // A gang in flight in the cheap group: the replacement is not requested, then is.
+        let in_flight: BTreeSet<String> = [cheap.clone()].into();
+        let plan = replacement(&groups);
+        let state = LoopState { unneeded_since: [("dear-1".to_string(), 0)].into(), ..Default::default() };
+        let observed = Observed { snapshot: &snapshot, groups: &groups, gangs_in_flight: &in_flight };
+        let (commands, next) = decide(&plan, &state, observed, 600, &settings);
+        assert_eq!(commands, vec![]);
+        assert!(next.replacing.is_empty());
+        let none = BTreeSet::new();
+        let observed = Observed { snapshot: &snapshot, groups: &groups, gangs_in_flight: &none };
+        let (commands, replacing) = decide(&plan, &state, observed, 600, &settings);
+        assert!(matches!(&commands[..], [Command::RequestReplacement { .. }]), "{commands:?}");
+        // A replacement on its way into the cheap group: a gang's raise there waits, and the
+        // replacement is not raised again while a gang (a resumed one) waits there.
+        let up = |pods: &[&str]| ScaleUp {
+            requests: vec![],
+            group: cheap.clone(),
+            instance_type: String::new(),
+            from: 0,
+            to: 2,
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+            reason: String::new(),
+            cost_per_hour: 0,
+        };
+        let gang_up = Plan { scale_ups: vec![up(&["default/g0"])], ..Default::default() };
+        let reraise = Command::ReraiseReplacement { node: "dear-1".into(), group: cheap.clone(), target: 1 };
+        let (commands, _) = decide(&gang_up, &replacing, observed, 610, &settings);
+        assert_eq!(commands, vec![reraise.clone()]);
+        let plain_up = Plan { scale_ups: vec![up(&["default/x"])], ..Default::default() };
+        let (commands, _) = decide(&plain_up, &replacing, observed, 610, &settings);
+        assert!(
+            matches!(&commands[..], [Command::ScaleGroup { gang: false, .. }, r] if *r == reraise),
+            "{commands:?}"
+        );
+        let observed = Observed { snapshot: &snapshot, groups: &groups, gangs_in_flight: &in_flight };
+        let (commands, _) = decide(&Plan::default(), &replacing, observed, 610, &settings);
+        assert_eq!(commands, vec![]);
     }
 
     #[test]
