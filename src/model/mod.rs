@@ -22,7 +22,10 @@ mod workload;
 pub use catalog::{vgpu_profile, GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
-pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
+pub use group::{
+    dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup,
+    CAPACITY_TYPE_LABEL, KARPENTER_CAPACITY_TYPE,
+};
 pub use labels::Labels;
 pub use node::{
     GpuTopology, GpusHeld, Node, NodeId, NodeLifecycle, NodeState, Taint, TaintEffect, DISRUPTING_TAINT,

@@ -160,27 +160,12 @@ pub fn decide(
     now: i64,
     settings: &DecideSettings,
 ) -> (Vec<Command>, LoopState) {
-    let Observed { snapshot, groups, gangs_in_flight } = observed;
+    let Observed { snapshot, groups, .. } = observed;
     let mut next = state.clone();
     let mut out = Vec::new();
     let waited = |since: i64| (now - since) as f64 >= settings.unneeded_seconds;
 
-    // Scale-ups, absolute targets; a group whose gang scale-up is in progress is left alone.
-    let gang_pods: BTreeSet<&str> =
-        snapshot.workloads.iter().filter(|w| w.gang.is_some()).map(|w| w.id.as_str()).collect();
-    for su in &plan.scale_ups {
-        if gangs_in_flight.contains(&su.group) {
-            continue;
-        }
-        out.push(Command::ScaleGroup {
-            group: su.group.clone(),
-            from: su.from,
-            to: su.to,
-            pods: su.pods.clone(),
-            // ProvisioningRequests are served all or nothing, like gangs.
-            gang: !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str())),
-        });
-    }
+    out.extend(scale_ups(plan, observed));
 
     // Preemptions. One onto a node where a pod is still terminating waits for it: that pod may
     // be an earlier preemption's victim whose room is not free yet, and evicting more now would
@@ -306,6 +291,27 @@ pub fn decide(
         out.push(Command::AdvanceDrain { node: node.clone(), wanted });
     }
     (out, next)
+}
+
+/// The plan's scale-ups as commands, absolute targets; a group whose gang scale-up is in progress
+/// is left alone. Also what the controller carries out when it re-plans within a pass after a
+/// launch failed for capacity (the rest of the step ran already).
+pub fn scale_ups(plan: &Plan, observed: Observed<'_>) -> Vec<Command> {
+    let Observed { snapshot, gangs_in_flight, .. } = observed;
+    let gang_pods: BTreeSet<&str> =
+        snapshot.workloads.iter().filter(|w| w.gang.is_some()).map(|w| w.id.as_str()).collect();
+    plan.scale_ups
+        .iter()
+        .filter(|su| !gangs_in_flight.contains(&su.group))
+        .map(|su| Command::ScaleGroup {
+            group: su.group.clone(),
+            from: su.from,
+            to: su.to,
+            pods: su.pods.clone(),
+            // ProvisioningRequests are served all or nothing, like gangs.
+            gang: !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str())),
+        })
+        .collect()
 }
 
 /// A Ready, schedulable node of group `gi` (not being drained) with room for the pods of `node`

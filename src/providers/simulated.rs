@@ -154,6 +154,8 @@ struct State {
     settings: SimulationSettings,
     groups: BTreeMap<String, SimGroup>,
     log: Vec<OperationRecord>,
+    /// Groups whose raises the API call itself refuses for capacity, with the message.
+    refuse_raises: BTreeMap<String, String>,
 }
 
 /// A simulated cloud account (see the module docs).
@@ -182,6 +184,7 @@ impl SimulatedCloud {
             settings,
             groups: BTreeMap::new(),
             log: Vec::new(),
+            refuse_raises: BTreeMap::new(),
         };
         for g in groups {
             let aws_ids = catalog::lookup(&g.instance_type).is_some_and(|s| s.cloud == Cloud::Aws);
@@ -257,6 +260,18 @@ impl SimulatedCloud {
     /// Changes the launch failure probability.
     pub fn set_capacity_error_rate(&self, rate: f64) {
         self.lock().settings.capacity_error_rate = rate.clamp(0.0, 1.0);
+    }
+
+    /// Makes every raise of `group` fail in the API call itself with an insufficient-capacity
+    /// error (`None`: accepted again), as a GCP resize whose operation ends in
+    /// `ZONE_RESOURCE_POOL_EXHAUSTED` or an AWS fleet request answered with
+    /// `InsufficientInstanceCapacity` do, rather than by a launch failing later.
+    pub fn set_refuse_raises(&self, group: &str, message: Option<&str>) {
+        let mut s = self.lock();
+        match message {
+            Some(m) => s.refuse_raises.insert(group.to_string(), m.to_string()),
+            None => s.refuse_raises.remove(group),
+        };
     }
 
     /// Caps (or with `None` uncaps) the live instances of a zone.
@@ -493,6 +508,12 @@ impl State {
                 target,
                 min: g.group.min_size,
                 max: g.group.max_size,
+            });
+        }
+        if let Some(message) = self.refuse_raises.get(group).filter(|_| target > g.group.target_size) {
+            return Err(ProviderError::InsufficientCapacity {
+                group: group.to_string(),
+                message: message.clone(),
             });
         }
         g.group.target_size = target;

@@ -138,6 +138,18 @@ struct LoopState {
     assembly: snapshot::AssemblyCache,
     /// Where the last plan put pending pods, tried first by the next ([`PlacementHints`]).
     hints: PlacementHints,
+    /// This pass's raises: targets set, and groups whose raise failed for capacity (the pass
+    /// re-plans without them, [`Controller::fall_back`]).
+    raises: PassRaises,
+}
+
+/// What the scale-ups of one pass did, for the capacity fallback within the pass.
+#[derive(Debug, Default)]
+struct PassRaises {
+    /// Groups raised, with the target set.
+    raised: BTreeMap<String, u32>,
+    /// Groups whose raise failed for lack of capacity (or was refused as backing off), with why.
+    failed: BTreeMap<String, String>,
 }
 
 impl LoopState {
@@ -154,6 +166,7 @@ impl LoopState {
             evicted_at: BTreeMap::new(),
             assembly: Default::default(),
             hints: Default::default(),
+            raises: Default::default(),
         }
     }
 }
@@ -368,6 +381,7 @@ impl Controller {
             }
         }
 
+        state.raises = PassRaises::default();
         let settings = decide::planner_settings(&self.options.planner, cfg, now);
         let unavailable = self.providers.unavailable(&groups);
         let plan = decide::plan(&mut view, &groups, unavailable, &mut state.hints, &settings);
@@ -395,9 +409,54 @@ impl Controller {
         );
         state.decide = next;
         busy |= self.execute(commands, &mut view, &groups, state, now).await?;
+        self.fall_back(&mut view, &groups, &gangs_in_flight, &settings, state, now).await?;
         if let Some(p) = &stores.provisioning {
             self.write_request_conditions(&plan, &p.requests, now).await?;
         }
         Ok(busy)
+    }
+
+    /// Capacity fallback within the pass: when a raise failed for lack of capacity, plans again
+    /// with that group (and every group sharing its offering) unavailable and the raises that
+    /// went through counted as in flight, and carries out the new plan's scale-ups, so the next
+    /// cheapest group that fits the pods (another zone, capacity type or GPU model they accept)
+    /// is asked now rather than a pass later. Bounded: each round needs a new failure, and a
+    /// group fails at most once per pass.
+    async fn fall_back(
+        &self,
+        view: &mut snapshot::ClusterView,
+        groups: &[crate::model::NodeGroup],
+        gangs_in_flight: &BTreeSet<String>,
+        settings: &PlannerSettings,
+        state: &mut LoopState,
+        now: Timestamp,
+    ) -> Result<(), ControllerError> {
+        let mut failed: BTreeMap<String, String> = BTreeMap::new();
+        for _ in 0..groups.len() {
+            let new: BTreeMap<String, String> = std::mem::take(&mut state.raises.failed)
+                .into_iter()
+                .filter(|(g, _)| !failed.contains_key(g))
+                .collect();
+            if new.is_empty() || !self.leading() {
+                return Ok(());
+            }
+            failed.extend(new);
+            let mut groups = groups.to_vec();
+            for g in &mut groups {
+                if let Some(&to) = state.raises.raised.get(&g.id) {
+                    g.target_size = g.target_size.max(to);
+                }
+            }
+            let mut unavailable = self.providers.unavailable(&groups);
+            for (g, why) in &failed {
+                unavailable.entry(g.clone()).or_insert_with(|| why.clone());
+            }
+            tracing::info!(failed = ?failed.keys().collect::<Vec<_>>(), "a raise failed for capacity; planning again without it");
+            let plan = decide::plan(view, &groups, unavailable, &mut state.hints, settings);
+            let observed = Observed { snapshot: &view.snapshot, groups: &groups, gangs_in_flight };
+            let commands = step::scale_ups(&plan, observed);
+            self.execute(commands, view, &groups, state, now).await?;
+        }
+        Ok(())
     }
 }
