@@ -13,6 +13,7 @@ mod labels;
 pub mod mig;
 pub mod names;
 mod node;
+mod notice;
 pub mod provisioning;
 mod resources;
 mod snapshot;
@@ -32,6 +33,7 @@ pub use node::{
     GKE_ACCELERATOR_COUNT_LABEL, GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL,
     GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,
 };
+pub use notice::{Notice, NoticeKind};
 pub use provisioning::{ProvisioningClass, ProvisioningRequest};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;

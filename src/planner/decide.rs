@@ -142,6 +142,29 @@ pub enum Command {
         /// Why.
         reason: String,
     },
+    /// An interruption notice: cordon the node and drain it now through the usual gate and
+    /// Eviction API path, each pod's grace period capped to `grace_cap_seconds` (the time left
+    /// before the instance goes; `None`: no deadline, the usual grace). The node is not deleted
+    /// by gpuscale before it is empty; the cloud takes it at the deadline.
+    InterruptNode {
+        /// Node name.
+        node: String,
+        /// What was announced.
+        kind: crate::model::NoticeKind,
+        /// Largest grace period a pod gets, seconds.
+        grace_cap_seconds: Option<u32>,
+        /// Why.
+        reason: String,
+    },
+    /// Do not grow `group` until `until` (seconds): its spot capacity was just reclaimed.
+    BackOffGroup {
+        /// Group id.
+        group: String,
+        /// End of the backoff, seconds (Unix time in the controller, virtual in replays).
+        until: i64,
+        /// Why.
+        reason: String,
+    },
     /// Give a replacement up and keep the node (the replacement did not come in time, or its
     /// group is gone).
     GiveUpReplacement {

@@ -872,8 +872,11 @@ impl<'a> Sim<'a> {
                     self.decide.unneeded_since.remove(&node);
                 }
                 // Drains finish within the pass that starts them; preemptions were carried out
-                // before binding.
-                Command::AdvanceDrain { .. } | Command::Preempt { .. } => {}
+                // before binding; notices are not read by this replay yet.
+                Command::AdvanceDrain { .. }
+                | Command::Preempt { .. }
+                | Command::InterruptNode { .. }
+                | Command::BackOffGroup { .. } => {}
             }
         }
         // Pods still pending that fit Ready nodes (evicted ones whose move target filled).

@@ -27,6 +27,7 @@ use super::snapshot;
 use super::Observer;
 use crate::k8s::SnapshotError;
 use crate::planner::decide::{self as step, Observed};
+use crate::planner::interruption::{self, InterruptionSettings, InterruptionState};
 use crate::planner::{PlacementHints, PlannerSettings};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -141,6 +142,11 @@ struct LoopState {
     /// This pass's raises: targets set, and groups whose raise failed for capacity (the pass
     /// re-plans without them, [`Controller::fall_back`]).
     raises: PassRaises,
+    /// Nodes drained for an interruption notice, with the grace cap that fits its window. Lost
+    /// on restart: the drain marks on the Node keep the drain going, with the configured cap.
+    interrupted: BTreeMap<String, Option<u32>>,
+    /// The interruption step's memory (notices acted on).
+    interruption: InterruptionState,
 }
 
 /// What the scale-ups of one pass did, for the capacity fallback within the pass.
@@ -167,6 +173,8 @@ impl LoopState {
             assembly: Default::default(),
             hints: Default::default(),
             raises: Default::default(),
+            interrupted: BTreeMap::new(),
+            interruption: InterruptionState::default(),
         }
     }
 }
@@ -361,7 +369,7 @@ impl Controller {
     ) -> Result<bool, ControllerError> {
         let started = Instant::now();
         let (cfg, dry) = (&self.options.config, self.options.dry_run);
-        let Pass { groups, mut view } = self.observe(stores, state, now).await?;
+        let Pass { mut groups, mut view } = self.observe(stores, state, now).await?;
 
         // Instances whose nodes never came: remove them, back the group off.
         let stuck = readiness::stuck_instances(
@@ -382,6 +390,9 @@ impl Controller {
         }
 
         state.raises = PassRaises::default();
+        if !dry && self.leading() {
+            busy |= self.react_to_notices(&mut view, &mut groups, state, now).await?;
+        }
         let settings = decide::planner_settings(&self.options.planner, cfg, now);
         let unavailable = self.providers.unavailable(&groups);
         let plan = decide::plan(&mut view, &groups, unavailable, &mut state.hints, &settings);
@@ -414,6 +425,49 @@ impl Controller {
             self.write_request_conditions(&plan, &p.requests, now).await?;
         }
         Ok(busy)
+    }
+
+    /// The interruption step ([`interruption::react`]) on the notices the Nodes' taints carry:
+    /// replacements raised, reclaimed pools backed off, noticed nodes cordoned and drained within
+    /// their window, before the pass plans (which then counts the replacements as in flight).
+    /// A node whose drain is already marked is not acted on again, so a restarted controller or a
+    /// new leader does not launch a second replacement. Returns whether anything was done.
+    async fn react_to_notices(
+        &self,
+        view: &mut snapshot::ClusterView,
+        groups: &mut [crate::model::NodeGroup],
+        state: &mut LoopState,
+        now: Timestamp,
+    ) -> Result<bool, ControllerError> {
+        state.interrupted.retain(|n, _| view.drains.contains_key(n));
+        let notices = interruption::notices_from_taints(&view.snapshot.nodes, now.as_second());
+        if notices.is_empty() {
+            return Ok(false);
+        }
+        let handled: BTreeSet<String> = view.drains.keys().cloned().collect();
+        let unavailable = self.providers.unavailable(groups);
+        let gangs = state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let observed = Observed { snapshot: &view.snapshot, groups, gangs_in_flight: &gangs };
+        let (commands, next) = interruption::react(
+            &notices,
+            &state.interruption,
+            observed,
+            &handled,
+            &unavailable,
+            now.as_second(),
+            &InterruptionSettings::default(),
+        );
+        state.interruption = next;
+        if commands.is_empty() {
+            return Ok(false);
+        }
+        self.execute(commands, view, groups, state, now).await?;
+        for g in groups.iter_mut() {
+            if let Some(&to) = state.raises.raised.get(&g.id) {
+                g.target_size = g.target_size.max(to);
+            }
+        }
+        Ok(true)
     }
 
     /// Capacity fallback within the pass: when a raise failed for lack of capacity, plans again
