@@ -238,3 +238,57 @@ accounts:
     replica.task.await.unwrap().unwrap();
     driver.abort();
 }
+
+/// A spot interruption notice (the taint gpuscale's agent or AWS Node Termination Handler puts on
+/// the Node) leads to one replacement in the next cheapest pool (not the reclaimed one), the node
+/// cordoned and its pod evicted through the Eviction API, exactly once: a controller restarted in
+/// the middle does not launch a second replacement nor evict again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_notice_replaces_and_drains_the_node_exactly_once_across_a_restart() {
+    let providers = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: spot-a, instanceType: g6.12xlarge, zones: [us-east-1a], capacityType: spot, maxSize: 4, targetSize: 1, price: {onDemand: 4.6, spot: 1.5}}
+      - {name: spot-b, instanceType: g6.12xlarge, zones: [us-east-1b], capacityType: spot, maxSize: 4, price: {onDemand: 4.6, spot: 1.7}}
+      - {name: od-a, instanceType: g6.12xlarge, zones: [us-east-1a], maxSize: 4, price: {onDemand: 4.6}}
+"#;
+    let c = Cluster::start(providers, Settings::default()).await;
+    let node = c.register_all_ready().pop().expect("the spot node");
+    c.server.create(pod_json("ml", "train", 1, Some("ReplicaSet"), Some(&node)));
+    let first = c.controller("a", fast_config(), no_scale_down());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(set_target_calls(&c).is_empty(), "nothing to do before the notice");
+    c.server.update("nodes", "", &node, |n| {
+        n["spec"]["taints"] = json!([{"key": "gpuscale.io/interruption", "value": "spot-interruption", "effect": "NoSchedule"}]);
+    });
+    c.server
+        .wait_until(WAIT, "the pod evicted", |s| {
+            s.requests().iter().any(|r| r.path.ends_with("/pods/train/eviction") && r.status == 201)
+        })
+        .await;
+    first.task.abort(); // a crash in the middle
+    let _ = first.task.await;
+    let second = c.controller("b", fast_config(), no_scale_down());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let raises: Vec<(String, u32, u32)> = c
+        .cloud
+        .operations()
+        .into_iter()
+        .filter_map(|r| match r.op {
+            Operation::SetTargetSize { group, from, to, error: None } if to > from => Some((group, from, to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(raises, vec![("sim/spot-b".to_string(), 0, 1)], "one replacement, outside the reclaimed pool");
+    assert_eq!(evictions(&c, "train", 201), 1, "{:#?}", eviction_log(&c));
+    // The node was cordoned through the drain path (or is gone once drained), never deleted first.
+    if let Some(n) = c.server.get("nodes", "", &node) {
+        assert_eq!(n["spec"]["unschedulable"], true, "{n:#}");
+    }
+    second.stop.send_replace(true);
+    second.task.await.unwrap().unwrap();
+}
