@@ -184,3 +184,111 @@ async fn a_gang_scales_up_all_or_nothing() {
     replica.task.await.unwrap().unwrap();
     driver.abort();
 }
+
+/// The capacity fallback within a pass: the cheaper group's raise fails for capacity in the API
+/// call itself, and the same pass (no refresh in between) raises the next cheapest group that
+/// fits, whose node then runs the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insufficient_capacity_error_moves_the_scale_up_to_the_next_group_in_the_same_pass() {
+    let providers = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: gpu-l4, instanceType: g6.12xlarge, zones: [us-east-1a], maxSize: 4, price: {onDemand: 4.0}}
+      - {name: gpu-l4-b, instanceType: g6.12xlarge, zones: [us-east-1b], maxSize: 4, price: {onDemand: 5.0}}
+"#;
+    let c = Cluster::start(providers, Settings::default()).await;
+    c.cloud
+        .set_refuse_raises("sim/gpu-l4", Some("ZONE_RESOURCE_POOL_EXHAUSTED: no g6.12xlarge in us-east-1a"));
+    let driver = c.spawn_driver(Duration::from_millis(100), 10);
+    let replica = c.controller("a", fast_config(), no_scale_down());
+    c.server.create(pod_json("ml", "train", 1, Some("Job"), None));
+    c.server
+        .wait_until(WAIT, "the pod running", |s| {
+            s.get("pods", "ml", "train").is_some_and(|p| p["status"]["phase"] == "Running")
+        })
+        .await;
+    let ops: Vec<Operation> = c.cloud.operations().into_iter().map(|r| r.op).collect();
+    let failed = ops
+        .iter()
+        .position(
+            |o| matches!(o, Operation::SetTargetSize { group, error: Some(_), .. } if group == "sim/gpu-l4"),
+        )
+        .expect("the cheaper group was tried first");
+    let fallback = ops
+        .iter()
+        .position(|o| matches!(o, Operation::SetTargetSize { group, from: 0, to: 1, error: None } if group == "sim/gpu-l4-b"))
+        .expect("the next group was raised");
+    assert!(failed < fallback, "{ops:#?}");
+    assert!(
+        !ops[failed..fallback].iter().any(|o| matches!(o, Operation::Refresh)),
+        "the fallback waited for another pass: {ops:#?}"
+    );
+    let pod = c.server.get("pods", "ml", "train").unwrap();
+    let node = pod["spec"]["nodeName"].as_str().unwrap().to_string();
+    assert_eq!(
+        c.server.get("nodes", "", &node).unwrap()["metadata"]["labels"]["gpuscale.io/node-group"],
+        "gpu-l4-b"
+    );
+    assert_eq!(c.group("gpu-l4").target_size, 0);
+    replica.stop.send_replace(true);
+    replica.task.await.unwrap().unwrap();
+    driver.abort();
+}
+
+/// A spot interruption notice (the taint gpuscale's agent or AWS Node Termination Handler puts on
+/// the Node) leads to one replacement in the next cheapest pool (not the reclaimed one), the node
+/// cordoned and its pod evicted through the Eviction API, exactly once: a controller restarted in
+/// the middle does not launch a second replacement nor evict again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_notice_replaces_and_drains_the_node_exactly_once_across_a_restart() {
+    let providers = r#"
+accounts:
+  - name: sim
+    provider: simulated
+    region: us-east-1
+    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    nodeGroups:
+      - {name: spot-a, instanceType: g6.12xlarge, zones: [us-east-1a], capacityType: spot, maxSize: 4, targetSize: 1, price: {onDemand: 4.6, spot: 1.5}}
+      - {name: spot-b, instanceType: g6.12xlarge, zones: [us-east-1b], capacityType: spot, maxSize: 4, price: {onDemand: 4.6, spot: 1.7}}
+      - {name: od-a, instanceType: g6.12xlarge, zones: [us-east-1a], maxSize: 4, price: {onDemand: 4.6}}
+"#;
+    let c = Cluster::start(providers, Settings::default()).await;
+    let node = c.register_all_ready().pop().expect("the spot node");
+    c.server.create(pod_json("ml", "train", 1, Some("ReplicaSet"), Some(&node)));
+    let first = c.controller("a", fast_config(), no_scale_down());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(set_target_calls(&c).is_empty(), "nothing to do before the notice");
+    c.server.update("nodes", "", &node, |n| {
+        n["spec"]["taints"] = json!([{"key": "gpuscale.io/interruption", "value": "spot-interruption", "effect": "NoSchedule"}]);
+    });
+    c.server
+        .wait_until(WAIT, "the pod evicted", |s| {
+            s.requests().iter().any(|r| r.path.ends_with("/pods/train/eviction") && r.status == 201)
+        })
+        .await;
+    first.task.abort(); // a crash in the middle
+    let _ = first.task.await;
+    let second = c.controller("b", fast_config(), no_scale_down());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let raises: Vec<(String, u32, u32)> = c
+        .cloud
+        .operations()
+        .into_iter()
+        .filter_map(|r| match r.op {
+            Operation::SetTargetSize { group, from, to, error: None } if to > from => Some((group, from, to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(raises, vec![("sim/spot-b".to_string(), 0, 1)], "one replacement, outside the reclaimed pool");
+    assert_eq!(evictions(&c, "train", 201), 1, "{:#?}", eviction_log(&c));
+    // The node was cordoned through the drain path (or is gone once drained), never deleted first.
+    if let Some(n) = c.server.get("nodes", "", &node) {
+        assert_eq!(n["spec"]["unschedulable"], true, "{n:#}");
+    }
+    second.stop.send_replace(true);
+    second.task.await.unwrap().unwrap();
+}

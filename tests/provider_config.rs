@@ -583,3 +583,39 @@ fn load_files_names_unreadable_files() {
     assert!(err.to_string().contains("/nonexistent/gpuscale.yaml"), "{err}");
     assert!(matches!(load_files::<&str>(&[]), Err(ConfigError::NoFiles)));
 }
+
+/// Whether a pod accepts spot is read from Karpenter's `karpenter.sh/capacity-type` or gpuscale's
+/// `gpuscale.io/capacity-type` selector, on every cloud: both labels are on every template, so the
+/// plan puts an on-demand-only pod on the on-demand group even where the spot one is cheaper.
+#[test]
+fn pods_select_capacity_type_on_every_cloud() {
+    use gpuscale::model::{CAPACITY_TYPE_LABEL, KARPENTER_CAPACITY_TYPE};
+    let groups = "
+      - name: od
+        instanceType: g2-standard-4
+        zones: [us-central1-a]
+        maxSize: 4
+        price: {onDemand: 1.0}
+      - name: sp
+        instanceType: g2-standard-4
+        zones: [us-central1-a]
+        capacityType: spot
+        maxSize: 4
+        price: {onDemand: 1.0, spot: 0.3}
+";
+    for provider in ["provider: gcp\n    project: p", "provider: simulated"] {
+        let text = format!(
+            "accounts:\n  - name: a\n    {provider}\n    region: us-central1\n    nodeGroups:{groups}"
+        );
+        let groups = load(&text).unwrap().node_groups();
+        let (od, sp) = (&groups[0], &groups[1]);
+        for key in [KARPENTER_CAPACITY_TYPE, CAPACITY_TYPE_LABEL] {
+            assert_eq!(od.template.labels[key], "on-demand", "{provider}");
+            assert_eq!(sp.template.labels[key], "spot", "{provider}");
+            let mut pod = gpuscale::model::Workload { id: "ml/train".into(), ..Default::default() };
+            pod.node_selector.insert(key.to_string(), "on-demand".to_string());
+            assert!(pod.allowed_on(&od.template), "{provider} {key}");
+            assert!(!pod.allowed_on(&sp.template), "{provider} {key}");
+        }
+    }
+}

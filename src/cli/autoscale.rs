@@ -48,6 +48,24 @@ pub struct AutoscaleArgs {
     /// Probability that a launch fails out-of-capacity (default: the provider config's).
     #[arg(long)]
     capacity_error_rate: Option<f64>,
+    /// The replay with spot capacity: every group gets a spot twin, spot instances are
+    /// interrupted (a notice, then the reclaim) and spot launches fail for capacity at their own
+    /// rate; gpuscale (reading notices) and the CA-like baseline (which sees none) run with spot
+    /// allowed and on-demand only (docs/spot.md).
+    #[arg(long)]
+    interruptions: bool,
+    /// With `--interruptions`: interruptions per running spot instance per hour.
+    #[arg(long, default_value_t = 0.1)]
+    spot_interruptions_per_hour: f64,
+    /// With `--interruptions`: seconds from the notice to the reclaim (AWS 120, GCP 30).
+    #[arg(long, default_value_t = 120)]
+    notice_seconds: u64,
+    /// With `--interruptions`: a spot twin's price as a share of its group's on-demand price.
+    #[arg(long, default_value_t = 0.35)]
+    spot_price_factor: f64,
+    /// With `--interruptions`: probability that a spot launch fails for capacity.
+    #[arg(long, default_value_t = 0.1)]
+    spot_capacity_error_rate: f64,
 }
 
 /// Runs the replay and writes the report.
@@ -113,6 +131,9 @@ pub fn run(
         cloud,
         ..Default::default()
     };
+    if args.interruptions {
+        return run_spot(pods, &jobs, &groups, cfg, json, args);
+    }
     let cmp = autoscale::compare(&jobs, &groups, &cfg);
     if json {
         let summary = serde_json::json!({
@@ -147,6 +168,118 @@ pub fn run(
         write_svg(&dir.join("autoscale.svg"), &cmp, jobs.length)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The replay with interruptions and capacity errors (`--interruptions`).
+fn run_spot(
+    pods: &Path,
+    jobs: &autoscale::Jobs,
+    groups: &[gpuscale::model::NodeGroup],
+    mut cfg: AutoscaleConfig,
+    json: bool,
+    args: &AutoscaleArgs,
+) -> anyhow::Result<ExitCode> {
+    for (flag, v, max) in [
+        ("--spot-interruptions-per-hour", args.spot_interruptions_per_hour, f64::INFINITY),
+        ("--spot-price-factor", args.spot_price_factor, 1.0),
+        ("--spot-capacity-error-rate", args.spot_capacity_error_rate, 1.0),
+    ] {
+        if !(v.is_finite() || max.is_infinite()) || !(0.0..=max).contains(&v) {
+            bail!("{flag}: {v} is out of range [0, {max}]");
+        }
+    }
+    cfg.cloud.spot_interruptions_per_hour = args.spot_interruptions_per_hour;
+    cfg.cloud.interruption_notice = Duration::from_secs(args.notice_seconds);
+    cfg.cloud.spot_capacity_error_rate = Some(args.spot_capacity_error_rate);
+    let cmp = autoscale::compare_spot(jobs, groups, args.spot_price_factor, &cfg);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&spot_summary(jobs, &cmp))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "trace {}: {} pods in a {:.1} h window from t={} s; spot: {:.2} interruptions/instance-h, {} s notice, {:.0}% of on-demand price, {:.0}% spot / {:.0}% on-demand launch failures",
+        pods.display(),
+        jobs.jobs.len(),
+        jobs.length as f64 / 3600.0,
+        jobs.start,
+        args.spot_interruptions_per_hour,
+        args.notice_seconds,
+        args.spot_price_factor * 100.0,
+        args.spot_capacity_error_rate * 100.0,
+        cfg.cloud.capacity_error_rate * 100.0,
+    );
+    println!(
+        "{:<26} {:>9} {:>8} {:>7} {:>7} {:>9} {:>8} {:>8} {:>9} {:>8} {:>6}",
+        "policy",
+        "cost $",
+        "x bound",
+        "p50 s",
+        "p95 s",
+        "reclaimed",
+        "noticed",
+        "killed",
+        "lost GPUh",
+        "launchF",
+        "never"
+    );
+    for (name, lb) in
+        [("lower-bound spot", &cmp.lower_bound_spot), ("lower-bound on-demand", &cmp.lower_bound_on_demand)]
+    {
+        println!(
+            "{:<26} {:>9.0} {:>8.2} {:>7} {:>7} {:>9} {:>8} {:>8} {:>9} {:>8} {:>6}",
+            name,
+            lb.cost,
+            lb.cost / cmp.lower_bound_spot.cost,
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-"
+        );
+    }
+    for (name, r) in &cmp.runs {
+        println!(
+            "{:<26} {:>9.0} {:>8.2} {:>7.0} {:>7.0} {:>9} {:>8} {:>8} {:>9.1} {:>8} {:>6}",
+            name,
+            r.cost,
+            r.cost / cmp.lower_bound_spot.cost,
+            r.pending_p50,
+            r.pending_p95,
+            r.reclaimed,
+            r.notices_handled,
+            r.killed_without_notice,
+            r.work_lost_gpu_hours,
+            r.launch_failures,
+            r.never_ran
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn spot_summary(jobs: &autoscale::Jobs, cmp: &autoscale::SpotComparison) -> serde_json::Value {
+    serde_json::json!({
+        "pods": jobs.jobs.len(),
+        "windowStartSeconds": jobs.start,
+        "windowSeconds": jobs.length,
+        "lowerBoundSpot": cmp.lower_bound_spot,
+        "lowerBoundOnDemand": cmp.lower_bound_on_demand,
+        "runs": cmp.runs.iter().map(|(name, r)| serde_json::json!({
+            "run": name,
+            "cost": r.cost,
+            "pendingP50": r.pending_p50,
+            "pendingP95": r.pending_p95,
+            "reclaimed": r.reclaimed,
+            "noticesHandled": r.notices_handled,
+            "killedWithoutNotice": r.killed_without_notice,
+            "workLostGpuHours": r.work_lost_gpu_hours,
+            "launchFailures": r.launch_failures,
+            "disrupted": r.disrupted,
+            "neverRan": r.never_ran,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 fn print_table(pods: &Path, jobs: &autoscale::Jobs, cmp: &Comparison) {

@@ -76,6 +76,10 @@ impl AnyProvider {
     pub fn group_backoff(&self, group: &str) -> Option<GroupBackoff> {
         each!(self, p => p.group_backoff(group))
     }
+    /// Why the group must not be grown now ([`Polite::unavailable_reason`]).
+    pub fn unavailable_reason(&self, group: &str) -> Option<String> {
+        each!(self, p => p.unavailable_reason(group))
+    }
     /// Backs a group off after a failure the cloud did not report (nodes that never came).
     pub fn record_scale_up_failure(&self, group: &str, class: ErrorClass) -> GroupBackoff {
         each!(self, p => p.record_scale_up_failure(group, class))
@@ -214,17 +218,12 @@ impl ProviderSet {
         self.providers.get(i)
     }
 
-    /// Groups that are backing off, with the reason: the planner's `unavailable`.
+    /// Groups that are backing off or whose offerings all failed for capacity, with the reason:
+    /// the planner's `unavailable` ([`Polite::unavailable_reason`]).
     pub fn unavailable(&self, groups: &[NodeGroup]) -> BTreeMap<String, String> {
         groups
             .iter()
-            .filter_map(|g| {
-                let b = self.provider_of(&g.id)?.group_backoff(&g.id)?;
-                Some((
-                    g.id.clone(),
-                    format!("backing off after {} failed scale-up(s) ({:?})", b.failures, b.class),
-                ))
-            })
+            .filter_map(|g| Some((g.id.clone(), self.provider_of(&g.id)?.unavailable_reason(&g.id)?)))
             .collect()
     }
 

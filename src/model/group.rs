@@ -22,6 +22,32 @@ pub enum CapacityType {
     Spot,
 }
 
+/// Karpenter's capacity-type node label (`spot`, `on-demand`), which pods select to say whether
+/// they accept spot capacity.
+pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
+
+/// gpuscale's capacity-type node label, with Karpenter's values, for clusters without Karpenter:
+/// a pod with `nodeSelector: {gpuscale.io/capacity-type: on-demand}` is never planned onto spot
+/// capacity, nor replaced onto it after an interruption.
+pub const CAPACITY_TYPE_LABEL: &str = "gpuscale.io/capacity-type";
+
+impl CapacityType {
+    /// The value of both capacity-type labels.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            CapacityType::OnDemand => "on-demand",
+            CapacityType::Spot => "spot",
+        }
+    }
+
+    /// The labels every group's template carries, on every cloud, so that a pod's node selector
+    /// or required affinity on either key decides whether it fits spot groups through the same
+    /// matching as any other label (docs/spot.md).
+    pub fn labels(self) -> [(&'static str, &'static str); 2] {
+        [(KARPENTER_CAPACITY_TYPE, self.label_value()), (CAPACITY_TYPE_LABEL, self.label_value())]
+    }
+}
+
 /// Lifecycle of one cloud instance as the provider reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "state")]

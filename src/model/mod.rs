@@ -13,6 +13,7 @@ mod labels;
 pub mod mig;
 pub mod names;
 mod node;
+mod notice;
 pub mod provisioning;
 mod resources;
 mod snapshot;
@@ -22,13 +23,17 @@ mod workload;
 pub use catalog::{vgpu_profile, GpuCatalog, GpuModelSpec};
 pub use demand::GpuDemand;
 pub use device::{DeviceAssignment, GpuDevice, GpuMode, MigInstance, MIG_SLOTS};
-pub use group::{dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup};
+pub use group::{
+    dollars, CapacityType, ErrorClass, Instance, InstanceState, MicroDollarsPerHour, NodeGroup,
+    CAPACITY_TYPE_LABEL, KARPENTER_CAPACITY_TYPE,
+};
 pub use labels::Labels;
 pub use node::{
     GpuTopology, GpusHeld, Node, NodeId, NodeLifecycle, NodeState, Taint, TaintEffect, DISRUPTING_TAINT,
     GKE_ACCELERATOR_COUNT_LABEL, GKE_MAX_SHARED_CLIENTS_LABEL, GKE_PARTITION_SIZE_LABEL,
     GKE_SHARING_STRATEGY_LABEL, HOSTNAME_LABEL,
 };
+pub use notice::{Notice, NoticeKind};
 pub use provisioning::{ProvisioningClass, ProvisioningRequest};
 pub use resources::{Resources, GPU_MILLI};
 pub use snapshot::ClusterSnapshot;

@@ -142,6 +142,29 @@ pub enum Command {
         /// Why.
         reason: String,
     },
+    /// An interruption notice: cordon the node and drain it now through the usual gate and
+    /// Eviction API path, each pod's grace period capped to `grace_cap_seconds` (the time left
+    /// before the instance goes; `None`: no deadline, the usual grace). The node is not deleted
+    /// by gpuscale before it is empty; the cloud takes it at the deadline.
+    InterruptNode {
+        /// Node name.
+        node: String,
+        /// What was announced.
+        kind: crate::model::NoticeKind,
+        /// Largest grace period a pod gets, seconds.
+        grace_cap_seconds: Option<u32>,
+        /// Why.
+        reason: String,
+    },
+    /// Do not grow `group` until `until` (seconds): its spot capacity was just reclaimed.
+    BackOffGroup {
+        /// Group id.
+        group: String,
+        /// End of the backoff, seconds (Unix time in the controller, virtual in replays).
+        until: i64,
+        /// Why.
+        reason: String,
+    },
     /// Give a replacement up and keep the node (the replacement did not come in time, or its
     /// group is gone).
     GiveUpReplacement {
@@ -165,30 +188,7 @@ pub fn decide(
     let mut out = Vec::new();
     let waited = |since: i64| (now - since) as f64 >= settings.unneeded_seconds;
 
-    // Scale-ups, absolute targets; a group whose gang scale-up is in progress is left alone. A
-    // gang's raise also waits for the replacements on their way into its group: a gang counts as
-    // its own every instance launched into the group while it waits, so a rollback could take a
-    // replacement's node (Ready, about to receive the pods of the node it replaces) for the gang's.
-    let gang_pods: BTreeSet<&str> =
-        snapshot.workloads.iter().filter(|w| w.gang.is_some()).map(|w| w.id.as_str()).collect();
-    let replacing_into: BTreeSet<&str> = state.replacing.values().map(|r| r.group.as_str()).collect();
-    for su in &plan.scale_ups {
-        if gangs_in_flight.contains(&su.group) {
-            continue;
-        }
-        // ProvisioningRequests are served all or nothing, like gangs.
-        let gang = !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str()));
-        if gang && replacing_into.contains(su.group.as_str()) {
-            continue;
-        }
-        out.push(Command::ScaleGroup {
-            group: su.group.clone(),
-            from: su.from,
-            to: su.to,
-            pods: su.pods.clone(),
-            gang,
-        });
-    }
+    out.extend(scale_ups(plan, observed, &state.replacing));
 
     // Preemptions. One onto a node where a pod is still terminating waits for it: that pod may
     // be an earlier preemption's victim whose room is not free yet, and evicting more now would
@@ -318,6 +318,39 @@ pub fn decide(
         out.push(Command::AdvanceDrain { node: node.clone(), wanted });
     }
     (out, next)
+}
+
+/// The plan's scale-ups as commands, absolute targets; a group whose gang scale-up is in progress
+/// is left alone. A gang's raise also waits for the replacements on their way into its group
+/// (`replacing`): a gang counts as its own every instance launched into the group while it waits,
+/// so its rollback could take a replacement's node (Ready, about to receive the pods of the node
+/// it replaces) for one of its own. Also what the controller carries out when it re-plans within
+/// a pass after a launch failed for capacity (the rest of the step ran already).
+pub fn scale_ups(
+    plan: &Plan,
+    observed: Observed<'_>,
+    replacing: &BTreeMap<String, Replacing>,
+) -> Vec<Command> {
+    let Observed { snapshot, gangs_in_flight, .. } = observed;
+    let gang_pods: BTreeSet<&str> =
+        snapshot.workloads.iter().filter(|w| w.gang.is_some()).map(|w| w.id.as_str()).collect();
+    let replacing_into: BTreeSet<&str> = replacing.values().map(|r| r.group.as_str()).collect();
+    let mut out = Vec::new();
+    for su in plan.scale_ups.iter().filter(|su| !gangs_in_flight.contains(&su.group)) {
+        // ProvisioningRequests are served all or nothing, like gangs.
+        let gang = !su.requests.is_empty() || su.pods.iter().any(|p| gang_pods.contains(p.as_str()));
+        if gang && replacing_into.contains(su.group.as_str()) {
+            continue;
+        }
+        out.push(Command::ScaleGroup {
+            group: su.group.clone(),
+            from: su.from,
+            to: su.to,
+            pods: su.pods.clone(),
+            gang,
+        });
+    }
+    out
 }
 
 /// A Ready, schedulable node of group `gi` (not being drained) with room for the pods of `node`

@@ -12,6 +12,7 @@ pub mod decide;
 pub mod default_spread;
 mod hints;
 mod idle;
+pub mod interruption;
 mod mig_advice;
 mod plan;
 mod provisioning;

@@ -1243,6 +1243,13 @@ impl Validator {
         for (k, v) in capacity_labels {
             template.labels.entry(k.to_string()).or_insert_with(|| v.to_string());
         }
+        // Whether a pod accepts spot is read from its node selector or required node affinity on
+        // these two keys (Karpenter's, which pods written for Karpenter already carry, and
+        // gpuscale's own), so every group's template carries both, on every cloud: a pod asking
+        // for `on-demand` then fits no spot group and the reverse (docs/spot.md).
+        for (k, v) in g.capacity_type.labels() {
+            template.labels.entry(k.to_string()).or_insert_with(|| v.to_string());
+        }
         // The node-group label the cloud's managed node groups put on their nodes, so that pods
         // selecting a group by it match the group's new nodes.
         let group_label = match cloud {

@@ -450,6 +450,39 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         }
     }
 
+    /// Why `group` must not be grown now, for the planner's `unavailable`: its own backoff, or
+    /// every offering it launches into (type, zone, capacity type) marked unavailable by a
+    /// failure of *any* group. Two groups can share an offering (two spot groups of one instance
+    /// type in one zone); without the second reason the plan would pick the sibling of the group
+    /// that just failed, its raise would be refused, and the pods would wait a pass before the
+    /// next group is tried.
+    pub fn unavailable_reason(&self, group: &str) -> Option<String> {
+        if let Some(b) = self.group_backoff(group) {
+            return Some(format!("backing off after {} failed scale-up(s) ({:?})", b.failures, b.class));
+        }
+        let now = self.clock.now();
+        let s = self.lock();
+        let info = s.groups.get(group)?;
+        let all_out = !info.zones.is_empty()
+            && info.zones.iter().all(|z| {
+                s.unavailable
+                    .get(&Offering {
+                        instance_type: info.instance_type.clone(),
+                        zone: z.clone(),
+                        capacity_type: info.capacity_type,
+                    })
+                    .is_some_and(|&until| until > now)
+            });
+        all_out.then(|| {
+            format!(
+                "{} ({}) has no capacity in {} (an insufficient-capacity error)",
+                info.instance_type,
+                info.capacity_type.label_value(),
+                info.zones.join(", ")
+            )
+        })
+    }
+
     /// Why a scale-up of `group` to `target` must not be attempted now, if it must not.
     fn refuse_scale_up(&self, group: &str, target: u32) -> Option<ProviderError> {
         let now = self.clock.now();
@@ -785,6 +818,38 @@ mod tests {
         let b = p.record_scale_up_failure("acct/gpu", ErrorClass::OutOfCapacity);
         assert_eq!(b.failures, 2);
         assert_eq!(b.until - p.clock().now(), Duration::from_secs(120));
+    }
+
+    /// A capacity failure of one group makes its siblings on the same offering unavailable to
+    /// the planner at once, but not a group of another zone or capacity type: the plan falls back
+    /// to the next group in the pass that learns of the failure.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_offering_makes_every_group_on_it_unavailable() {
+        let clock = TokioClock::new();
+        let inner = Scripted::new(vec![], clock);
+        let failed = crate::model::Instance {
+            id: "aws:///us-east-1a/i-0f".into(),
+            state: InstanceState::Failed { class: ErrorClass::OutOfCapacity, message: "ICE".into() },
+        };
+        let first = group(&["us-east-1a"], 1, vec![failed]);
+        let sibling = NodeGroup { id: "acct/gpu-2".into(), ..group(&["us-east-1a"], 0, vec![]) };
+        let other_zone = NodeGroup { id: "acct/gpu-b".into(), ..group(&["us-east-1b"], 0, vec![]) };
+        let spot = NodeGroup {
+            id: "acct/gpu-spot".into(),
+            capacity_type: CapacityType::Spot,
+            ..group(&["us-east-1a"], 0, vec![])
+        };
+        *inner.groups.lock().unwrap() = vec![first, sibling, other_zone, spot];
+        let p = Polite::with_clock(inner, config(1), clock);
+        p.refresh().await.unwrap();
+        assert!(p.unavailable_reason("acct/gpu").unwrap().contains("backing off"));
+        let why = p.unavailable_reason("acct/gpu-2").expect("the sibling shares the failed offering");
+        assert!(why.contains("p5.48xlarge (on-demand) has no capacity in us-east-1a"), "{why}");
+        assert_eq!(p.unavailable_reason("acct/gpu-b"), None);
+        assert_eq!(p.unavailable_reason("acct/gpu-spot"), None);
+        // The mark expires with the offering's TTL (180 s).
+        tokio::time::advance(Duration::from_secs(181)).await;
+        assert_eq!(p.unavailable_reason("acct/gpu-2"), None);
     }
 
     #[tokio::test(start_paused = true)]

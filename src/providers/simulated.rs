@@ -28,6 +28,12 @@ pub struct SimulationSettings {
     pub spot_interruptions_per_hour: f64,
     /// Most live (pending or running) instances per zone across the account.
     pub zone_capacity: BTreeMap<String, u32>,
+    /// How long before an interrupted spot instance is reclaimed its notice is issued (AWS: two
+    /// minutes, GCP: thirty seconds); zero: reclaimed without notice.
+    pub interruption_notice: Duration,
+    /// Probability that a spot launch fails for capacity, when it differs from on-demand's
+    /// (`capacity_error_rate`): spot pools run dry more often.
+    pub spot_capacity_error_rate: Option<f64>,
     /// How long a failed launch stays visible before the group retries it.
     pub launch_retry: Duration,
     /// RNG seed.
@@ -47,6 +53,8 @@ impl From<&SimulationConfig> for SimulationSettings {
             capacity_error_rate: c.capacity_error_rate,
             spot_interruptions_per_hour: c.spot_interruptions_per_hour,
             zone_capacity: c.zone_capacity.clone(),
+            interruption_notice: Duration::ZERO,
+            spot_capacity_error_rate: None,
             launch_retry: Duration::from_secs(60),
             seed: c.seed,
         }
@@ -103,6 +111,15 @@ pub enum Operation {
         /// Instance id.
         instance: String,
     },
+    /// A spot instance was warned that it will be reclaimed at `deadline` (virtual time).
+    InterruptionNotice {
+        /// Group id.
+        group: String,
+        /// Instance id.
+        instance: String,
+        /// When it is reclaimed, seconds of virtual time.
+        deadline: u64,
+    },
     /// A spot instance was reclaimed by the cloud.
     SpotInterrupted {
         /// Group id.
@@ -136,6 +153,8 @@ struct SimInstance {
     state: InstanceState,
     /// Launch time.
     created: Duration,
+    /// When a noticed spot interruption reclaims it.
+    reclaim_at: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -154,6 +173,8 @@ struct State {
     settings: SimulationSettings,
     groups: BTreeMap<String, SimGroup>,
     log: Vec<OperationRecord>,
+    /// Groups whose raises the API call itself refuses for capacity, with the message.
+    refuse_raises: BTreeMap<String, String>,
 }
 
 /// A simulated cloud account (see the module docs).
@@ -182,6 +203,7 @@ impl SimulatedCloud {
             settings,
             groups: BTreeMap::new(),
             log: Vec::new(),
+            refuse_raises: BTreeMap::new(),
         };
         for g in groups {
             let aws_ids = catalog::lookup(&g.instance_type).is_some_and(|s| s.cloud == Cloud::Aws);
@@ -254,9 +276,42 @@ impl SimulatedCloud {
         self.lock().snapshot()
     }
 
+    /// The interruption notices of instances not reclaimed yet, in the model's shape (times in
+    /// seconds of virtual time): what the interruption queue or the node agent would deliver.
+    pub fn notices(&self) -> Vec<crate::model::Notice> {
+        let s = self.lock();
+        let mut out = Vec::new();
+        for g in s.groups.values() {
+            for i in &g.instances {
+                if let (Some(at), InstanceState::Running) = (i.reclaim_at, &i.state) {
+                    let deadline = at.as_secs() as i64;
+                    out.push(crate::model::Notice {
+                        kind: crate::model::NoticeKind::SpotInterruption,
+                        instance: i.id.clone(),
+                        issued_at: deadline - s.settings.interruption_notice.as_secs() as i64,
+                        deadline: Some(deadline),
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// Changes the launch failure probability.
     pub fn set_capacity_error_rate(&self, rate: f64) {
         self.lock().settings.capacity_error_rate = rate.clamp(0.0, 1.0);
+    }
+
+    /// Makes every raise of `group` fail in the API call itself with an insufficient-capacity
+    /// error (`None`: accepted again), as a GCP resize whose operation ends in
+    /// `ZONE_RESOURCE_POOL_EXHAUSTED` or an AWS fleet request answered with
+    /// `InsufficientInstanceCapacity` do, rather than by a launch failing later.
+    pub fn set_refuse_raises(&self, group: &str, message: Option<&str>) {
+        let mut s = self.lock();
+        match message {
+            Some(m) => s.refuse_raises.insert(group.to_string(), m.to_string()),
+            None => s.refuse_raises.remove(group),
+        };
     }
 
     /// Caps (or with `None` uncaps) the live instances of a zone.
@@ -331,7 +386,7 @@ impl State {
             let name = g.group.name();
             format!("sim:///{zone}/{name}-{:04}", g.launched)
         };
-        SimInstance { id, zone, state, created: now }
+        SimInstance { id, zone, state, created: now, reclaim_at: None }
     }
 
     /// Launches instances until the group's slots match its target, or terminates the surplus.
@@ -352,6 +407,15 @@ impl State {
         }
     }
 
+    /// The launch failure probability of `group`'s capacity type.
+    fn error_rate(&self, group: &str) -> f64 {
+        let spot = self.groups.get(group).is_some_and(|g| g.group.capacity_type == CapacityType::Spot);
+        match self.settings.spot_capacity_error_rate {
+            Some(rate) if spot => rate,
+            _ => self.settings.capacity_error_rate,
+        }
+    }
+
     fn launch(&mut self, group: &str) {
         let zone = self.pick_zone(group, true);
         let instance_type = self.groups.get(group).map(|g| g.group.instance_type.clone()).unwrap_or_default();
@@ -359,9 +423,7 @@ impl State {
             Some(format!(
                 "InsufficientInstanceCapacity: zone capacity of {zone} is exhausted for {instance_type}"
             ))
-        } else if self.settings.capacity_error_rate > 0.0
-            && self.rng.random::<f64>() < self.settings.capacity_error_rate
-        {
+        } else if self.error_rate(group) > 0.0 && self.rng.random::<f64>() < self.error_rate(group) {
             Some(format!(
                 "InsufficientInstanceCapacity: We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested ({zone})"
             ))
@@ -448,8 +510,22 @@ impl State {
         for e in events {
             self.record(e);
         }
-        // Spot interruptions: each running spot instance is reclaimed with probability
-        // 1 - exp(-rate * dt).
+        // Noticed interruptions whose deadline has come.
+        let mut reclaimed = Vec::new();
+        for (gid, g) in &mut self.groups {
+            for i in &mut g.instances {
+                if i.reclaim_at.is_some_and(|at| at <= now) && i.state != InstanceState::Terminating {
+                    i.state = InstanceState::Terminating;
+                    reclaimed.push(Operation::SpotInterrupted { group: gid.clone(), instance: i.id.clone() });
+                }
+            }
+        }
+        for e in reclaimed {
+            self.record(e);
+        }
+        // Spot interruptions: each running spot instance is interrupted with probability
+        // 1 - exp(-rate * dt); with a notice window it is warned now and reclaimed at its end.
+        let notice = self.settings.interruption_notice;
         let rate = self.settings.spot_interruptions_per_hour;
         if rate > 0.0 && !dt.is_zero() {
             let p = 1.0 - (-rate * dt.as_secs_f64() / 3600.0).exp();
@@ -459,14 +535,27 @@ impl State {
                 for k in 0..n {
                     let g = &self.groups[&gid];
                     let i = &g.instances[k];
-                    if g.group.capacity_type != CapacityType::Spot || i.state != InstanceState::Running {
+                    if g.group.capacity_type != CapacityType::Spot
+                        || i.state != InstanceState::Running
+                        || i.reclaim_at.is_some()
+                    {
                         continue;
                     }
                     if self.rng.random::<f64>() < p {
                         let g = self.groups.get_mut(&gid).expect("group exists");
-                        g.instances[k].state = InstanceState::Terminating;
                         let instance = g.instances[k].id.clone();
-                        self.record(Operation::SpotInterrupted { group: gid.clone(), instance });
+                        if notice.is_zero() {
+                            g.instances[k].state = InstanceState::Terminating;
+                            self.record(Operation::SpotInterrupted { group: gid.clone(), instance });
+                        } else {
+                            g.instances[k].reclaim_at = Some(now + notice);
+                            let deadline = (now + notice).as_secs();
+                            self.record(Operation::InterruptionNotice {
+                                group: gid.clone(),
+                                instance,
+                                deadline,
+                            });
+                        }
                     }
                 }
             }
@@ -493,6 +582,12 @@ impl State {
                 target,
                 min: g.group.min_size,
                 max: g.group.max_size,
+            });
+        }
+        if let Some(message) = self.refuse_raises.get(group).filter(|_| target > g.group.target_size) {
+            return Err(ProviderError::InsufficientCapacity {
+                group: group.to_string(),
+                message: message.clone(),
             });
         }
         g.group.target_size = target;

@@ -20,10 +20,11 @@
 //! non-empty node per loop, not within 10 minutes of a scale-up), first-fit binding.
 
 use crate::model::{
-    ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState, OwnerKind,
-    Workload, GPU_MILLI,
+    CapacityType, ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState,
+    OwnerKind, Workload, GPU_MILLI,
 };
 use crate::planner::decide::{self, decide, replacement_node, Command, DecideSettings, Observed};
+use crate::planner::interruption::{self, InterruptionSettings, InterruptionState};
 use crate::planner::{self, PlanInput, PlannerSettings};
 use crate::providers::config::{self, ConfigError};
 use crate::providers::simulated::{Operation, SimulatedCloud, SimulationSettings};
@@ -165,6 +166,9 @@ pub struct AutoscaleConfig {
     pub consolidation: bool,
     /// Cloud behaviour (boot time, capacity error rate); the seed is replaced by `seed`.
     pub cloud: SimulationSettings,
+    /// gpuscale: whether it reads interruption notices (the CA-like baseline never does, as
+    /// Cluster Autoscaler without a termination handler), and how it reacts to them.
+    pub notices: Option<InterruptionSettings>,
 }
 
 impl Default for AutoscaleConfig {
@@ -178,6 +182,7 @@ impl Default for AutoscaleConfig {
             scale_down_utilization: 1.0,
             consolidation: true,
             cloud: SimulationSettings { boot: Duration::from_secs(120), ..Default::default() },
+            notices: Some(InterruptionSettings::default()),
         }
     }
 }
@@ -248,6 +253,15 @@ pub struct PolicyRun {
     pub never_ran: usize,
     /// Launches that failed for lack of capacity.
     pub launch_failures: u64,
+    /// Spot instances reclaimed by the cloud (their notice's deadline came).
+    pub reclaimed: u64,
+    /// Interruption notices the policy acted on.
+    pub notices_handled: u64,
+    /// Pods still running on a node when the cloud took it: killed without being drained.
+    pub killed_without_notice: u64,
+    /// GPU-hours that pods had run before they were evicted or killed, lost because they start
+    /// again from the beginning.
+    pub work_lost_gpu_hours: f64,
     /// Time series, one sample per loop.
     pub samples: Vec<Sample>,
     /// gpuscale: the decision step's commands, with the virtual time of their pass (what the
@@ -301,6 +315,65 @@ pub fn compare(jobs: &Jobs, groups: &[NodeGroup], cfg: &AutoscaleConfig) -> Comp
         .map(|p| run(jobs, groups, p, cfg))
         .collect();
     Comparison { lower_bound: lower_bound(jobs, groups), runs }
+}
+
+/// Each group and a spot twin of it (`<name>-spot`, at `spot_price_factor` of its price), for
+/// the replays with interruptions: the same shapes, both capacity types, so a pod may go to
+/// either unless its selectors say otherwise.
+pub fn with_spot_twins(groups: &[NodeGroup], spot_price_factor: f64) -> Vec<NodeGroup> {
+    let mut out = groups.to_vec();
+    for g in groups.iter().filter(|g| g.capacity_type == CapacityType::OnDemand) {
+        let mut t = g.clone();
+        t.id = format!("{}-spot", g.id);
+        t.capacity_type = CapacityType::Spot;
+        t.price = (g.price as f64 * spot_price_factor).round() as u64;
+        let name = t.name().to_string();
+        for (k, v) in CapacityType::Spot.labels() {
+            t.template.labels.insert(k.to_string(), v.to_string());
+        }
+        t.template.labels.insert("gpuscale.io/node-group".into(), name.clone());
+        t.template.node_group = Some(t.id.clone());
+        t.template.name = format!("{}-template", t.id.replace('/', "-"));
+        out.push(t);
+    }
+    out
+}
+
+/// The replay with spot interruptions and capacity errors: gpuscale (reading notices) and the
+/// CA-like baseline (which sees none), each with spot allowed and on-demand only, and the lower
+/// bound of each.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpotComparison {
+    /// Lower bound with spot allowed (spot prices, no interruptions).
+    pub lower_bound_spot: LowerBound,
+    /// Lower bound on on-demand groups only.
+    pub lower_bound_on_demand: LowerBound,
+    /// Runs, each with its label: `gpuscale spot`, `gpuscale on-demand`, `ca-like spot`,
+    /// `ca-like on-demand`, `gpuscale spot, no notices`.
+    pub runs: Vec<(String, PolicyRun)>,
+}
+
+/// Runs the spot comparison on `on_demand` groups and their spot twins.
+pub fn compare_spot(
+    jobs: &Jobs,
+    on_demand: &[NodeGroup],
+    spot_price_factor: f64,
+    cfg: &AutoscaleConfig,
+) -> SpotComparison {
+    let spot = with_spot_twins(on_demand, spot_price_factor);
+    let without = AutoscaleConfig { notices: None, ..cfg.clone() };
+    let runs = vec![
+        ("gpuscale spot".to_string(), run(jobs, &spot, Autoscaler::Gpuscale, cfg)),
+        ("gpuscale on-demand".to_string(), run(jobs, on_demand, Autoscaler::Gpuscale, cfg)),
+        ("ca-like spot".to_string(), run(jobs, &spot, Autoscaler::ClusterAutoscaler, cfg)),
+        ("ca-like on-demand".to_string(), run(jobs, on_demand, Autoscaler::ClusterAutoscaler, cfg)),
+        ("gpuscale spot, no notices".to_string(), run(jobs, &spot, Autoscaler::Gpuscale, &without)),
+    ];
+    SpotComparison {
+        lower_bound_spot: lower_bound(jobs, &spot),
+        lower_bound_on_demand: lower_bound(jobs, on_demand),
+        runs,
+    }
 }
 
 /// Milli-GPUs a pod asks for (fractions as their share, whole GPUs as 1000 each).
@@ -450,7 +523,7 @@ fn ready<F: std::future::Future>(f: F) -> F::Output {
 enum PodState {
     Waiting,
     Pending { since: u64 },
-    Running { node: String, devices: DeviceAssignment, ends: u64 },
+    Running { node: String, devices: DeviceAssignment, ends: u64, started: u64 },
     Done,
 }
 
@@ -483,6 +556,8 @@ struct Sim<'a> {
     out: PolicyRun,
     /// gpuscale: the decision step's memory.
     decide: decide::LoopState,
+    /// gpuscale: the interruption step's memory.
+    interruption: InterruptionState,
 }
 
 impl<'a> Sim<'a> {
@@ -515,10 +590,15 @@ impl<'a> Sim<'a> {
                 ran: 0,
                 never_ran: 0,
                 launch_failures: 0,
+                reclaimed: 0,
+                notices_handled: 0,
+                killed_without_notice: 0,
+                work_lost_gpu_hours: 0.0,
                 samples: Vec::new(),
                 commands: Vec::new(),
             },
             decide: decide::LoopState::default(),
+            interruption: InterruptionState::default(),
         }
     }
 
@@ -554,9 +634,13 @@ impl<'a> Sim<'a> {
             self.sample(capacity as f64);
             self.cloud.advance(Duration::from_secs(dt));
             for op in self.cloud.take_operations() {
-                if let Operation::LaunchFailed { group, .. } = op.op {
-                    self.out.launch_failures += 1;
-                    self.backoff.insert(group, self.now + dt + self.cfg.backoff);
+                match op.op {
+                    Operation::LaunchFailed { group, .. } => {
+                        self.out.launch_failures += 1;
+                        self.backoff.insert(group, self.now + dt + self.cfg.backoff);
+                    }
+                    Operation::SpotInterrupted { .. } => self.out.reclaimed += 1,
+                    _ => {}
                 }
             }
             self.now += dt;
@@ -627,7 +711,7 @@ impl<'a> Sim<'a> {
     /// Completes pods whose time is up and queues arrivals.
     fn finish_and_arrive(&mut self) {
         for i in 0..self.pods.len() {
-            if let PodState::Running { node, devices, ends } = &self.pods[i] {
+            if let PodState::Running { node, devices, ends, .. } = &self.pods[i] {
                 if *ends <= self.now {
                     if let Some(n) = self.nodes.get_mut(node) {
                         n.live.release(&self.jobs.jobs[i].workload.requests, devices);
@@ -675,21 +759,25 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Drops a node, re-queueing its pods (each counts as disrupted).
+    /// Drops a node whose instance is gone, re-queueing its pods (each counts as disrupted, and
+    /// as killed: nothing drained them before the cloud took the node).
     fn remove_node(&mut self, name: &str) {
         if let Some(n) = self.nodes.remove(name) {
             for i in n.pods {
+                self.out.killed_without_notice += 1;
                 self.evict(i);
             }
         }
     }
 
     fn evict(&mut self, i: usize) {
-        if let PodState::Running { node, devices, .. } = &self.pods[i] {
+        if let PodState::Running { node, devices, started, .. } = &self.pods[i] {
             if let Some(n) = self.nodes.get_mut(node) {
                 n.live.release(&self.jobs.jobs[i].workload.requests, devices);
                 n.pods.remove(&i);
             }
+            let gpus = demand_milli(&self.jobs.jobs[i].workload) as f64 / f64::from(GPU_MILLI);
+            self.out.work_lost_gpu_hours += gpus * self.now.saturating_sub(*started) as f64 / 3600.0;
             self.out.disrupted += 1;
             self.pods[i] = PodState::Pending { since: self.now };
         }
@@ -708,6 +796,7 @@ impl<'a> Sim<'a> {
             node: node.to_string(),
             devices,
             ends: self.now + self.jobs.jobs[i].duration,
+            started: self.now,
         };
     }
 
@@ -780,6 +869,60 @@ impl<'a> Sim<'a> {
     /// controller's rules and timers. Drains finish at once here (no PDBs, no grace periods): the
     /// drained pods are re-queued and bound where the plan moves them.
     fn gpuscale_loop(&mut self) {
+        if let Some(settings) = self.cfg.notices {
+            self.react_to_notices(&settings);
+        }
+        let (snapshot, index) = self.gpuscale_snapshot();
+        self.gpuscale_plan_and_act(snapshot, index);
+    }
+
+    /// The interruption step on the cloud's notices, carried out as the controller does: the
+    /// replacement's group raised, the reclaimed pool backed off, the node cordoned and drained
+    /// at once (drains finish within the pass here) and its instance deleted, so the group does
+    /// not launch a new one into the pool that is being reclaimed.
+    fn react_to_notices(&mut self, settings: &InterruptionSettings) {
+        let notices = self.cloud.notices();
+        if notices.is_empty() {
+            return;
+        }
+        let (snapshot, _) = self.gpuscale_snapshot();
+        let groups = self.cloud.snapshot();
+        let observed = Observed { snapshot: &snapshot, groups: &groups, gangs_in_flight: &BTreeSet::new() };
+        let (commands, next) = interruption::react(
+            &notices,
+            &self.interruption,
+            observed,
+            &BTreeSet::new(),
+            &self.unavailable(),
+            self.now as i64,
+            settings,
+        );
+        self.interruption = next;
+        self.out.commands.extend(commands.iter().map(|c| (self.now, c.clone())));
+        for command in commands {
+            match command {
+                Command::ScaleGroup { group, to, .. } => self.set_target(&group, to),
+                Command::BackOffGroup { group, until, .. } => {
+                    let until = until.max(0) as u64;
+                    let entry = self.backoff.entry(group).or_insert(until);
+                    *entry = (*entry).max(until);
+                }
+                Command::InterruptNode { node, .. } => {
+                    self.out.notices_handled += 1;
+                    if let Some(n) = self.nodes.get_mut(&node) {
+                        n.clean.unschedulable = true;
+                        n.live.unschedulable = true;
+                    }
+                    self.drain_and_delete(&node, &[]);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The snapshot the controller would see: Ready nodes and the pending and running pods,
+    /// with each workload's index in the jobs.
+    fn gpuscale_snapshot(&self) -> (ClusterSnapshot, Vec<usize>) {
         let mut snapshot = ClusterSnapshot {
             nodes: self.nodes.values().map(|n| n.clean.clone()).collect(),
             ..Default::default()
@@ -800,6 +943,10 @@ impl<'a> Sim<'a> {
             snapshot.workloads.push(w);
             index.push(i);
         }
+        (snapshot, index)
+    }
+
+    fn gpuscale_plan_and_act(&mut self, snapshot: ClusterSnapshot, index: Vec<usize>) {
         let by_id: BTreeMap<String, usize> =
             snapshot.workloads.iter().enumerate().map(|(k, w)| (w.id.clone(), index[k])).collect();
         let groups = self.cloud.snapshot();
@@ -872,8 +1019,11 @@ impl<'a> Sim<'a> {
                     self.decide.unneeded_since.remove(&node);
                 }
                 // Drains finish within the pass that starts them; preemptions were carried out
-                // before binding.
-                Command::AdvanceDrain { .. } | Command::Preempt { .. } => {}
+                // before binding; notices are the interruption step's.
+                Command::AdvanceDrain { .. }
+                | Command::Preempt { .. }
+                | Command::InterruptNode { .. }
+                | Command::BackOffGroup { .. } => {}
             }
         }
         // Pods still pending that fit Ready nodes (evicted ones whose move target filled).

@@ -174,6 +174,17 @@ impl Controller {
                 view.replacing.remove(&node);
             }
             Command::DrainNode { node, reason } => self.drain_node(node, reason, view, groups, now).await?,
+            Command::InterruptNode { node, kind, grace_cap_seconds, reason } => {
+                tracing::warn!(%node, notice = kind.name(), ?grace_cap_seconds, %reason, "interruption notice: cordoning and draining");
+                state.interrupted.insert(node.clone(), grace_cap_seconds);
+                self.drain_node(node, reason, view, groups, now).await?
+            }
+            Command::BackOffGroup { group, reason, .. } => {
+                if let Some(provider) = self.providers.provider_of(&group) {
+                    let b = provider.record_scale_up_failure(&group, ErrorClass::OutOfCapacity);
+                    self.observer.backoff(&group, &format!("{reason} (failure {} in a row)", b.failures));
+                }
+            }
             Command::Preempt { pod, node, victims, reason } => {
                 if !self.preempt(&pod, &node, &victims, &reason, view, state).await {
                     return Ok(Break(()));
@@ -265,6 +276,9 @@ impl Controller {
         let cfg = &self.options.config;
         let Some(marks) = view.drains.get(node).cloned() else { return Ok(Continue(())) };
         let pods = view.pods_by_node.get(node).cloned().unwrap_or_default();
+        // A node under an interruption notice is drained whatever the plan says: it is going.
+        let cap = state.interrupted.get(node).copied();
+        let wanted = wanted || cap.is_some();
         let step = drain::step(&marks, wanted, &pods, cfg, now);
         for (pod, reason) in &step.blocked {
             self.observer.eviction_blocked(pod, node, reason);
@@ -276,7 +290,7 @@ impl Controller {
             if !self.leading() {
                 return Ok(Break(()));
             }
-            let grace = eviction_grace(view, node, id, cfg);
+            let grace = eviction_grace(view, node, id, cfg).min(cap.flatten().unwrap_or(u32::MAX));
             self.evict_once(id, node, grace, state, |e| match e {
                 Eviction::Evicted => tracing::info!(pod = %id, %node, "evicted"),
                 Eviction::Refused(message) => self.observer.eviction_blocked(

@@ -290,6 +290,8 @@ mod tests {
                         Command::ReraiseReplacement { node, .. } => format!("reraise {node}"),
                         Command::GiveUpReplacement { node, .. } => format!("give up {node}"),
                         Command::Preempt { pod, .. } => format!("preempt for {pod}"),
+                        Command::InterruptNode { node, .. } => format!("interrupt {node}"),
+                        Command::BackOffGroup { group, .. } => format!("back off {group}"),
                     })
                     .collect()
             })

@@ -27,6 +27,7 @@ use super::snapshot;
 use super::Observer;
 use crate::k8s::SnapshotError;
 use crate::planner::decide::{self as step, Observed};
+use crate::planner::interruption::{self, InterruptionSettings, InterruptionState};
 use crate::planner::{PlacementHints, PlannerSettings};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -138,6 +139,23 @@ struct LoopState {
     assembly: snapshot::AssemblyCache,
     /// Where the last plan put pending pods, tried first by the next ([`PlacementHints`]).
     hints: PlacementHints,
+    /// This pass's raises: targets set, and groups whose raise failed for capacity (the pass
+    /// re-plans without them, [`Controller::fall_back`]).
+    raises: PassRaises,
+    /// Nodes drained for an interruption notice, with the grace cap that fits its window. Lost
+    /// on restart: the drain marks on the Node keep the drain going, with the configured cap.
+    interrupted: BTreeMap<String, Option<u32>>,
+    /// The interruption step's memory (notices acted on).
+    interruption: InterruptionState,
+}
+
+/// What the scale-ups of one pass did, for the capacity fallback within the pass.
+#[derive(Debug, Default)]
+struct PassRaises {
+    /// Groups raised, with the target set.
+    raised: BTreeMap<String, u32>,
+    /// Groups whose raise failed for lack of capacity (or was refused as backing off), with why.
+    failed: BTreeMap<String, String>,
 }
 
 impl LoopState {
@@ -154,6 +172,9 @@ impl LoopState {
             evicted_at: BTreeMap::new(),
             assembly: Default::default(),
             hints: Default::default(),
+            raises: Default::default(),
+            interrupted: BTreeMap::new(),
+            interruption: InterruptionState::default(),
         }
     }
 }
@@ -348,7 +369,7 @@ impl Controller {
     ) -> Result<bool, ControllerError> {
         let started = Instant::now();
         let (cfg, dry) = (&self.options.config, self.options.dry_run);
-        let Pass { groups, mut view } = self.observe(stores, state, now).await?;
+        let Pass { mut groups, mut view } = self.observe(stores, state, now).await?;
 
         // Instances whose nodes never came: remove them, back the group off.
         let stuck = readiness::stuck_instances(
@@ -368,6 +389,10 @@ impl Controller {
             }
         }
 
+        state.raises = PassRaises::default();
+        if !dry && self.leading() {
+            busy |= self.react_to_notices(&mut view, &mut groups, state, now).await?;
+        }
         let settings = decide::planner_settings(&self.options.planner, cfg, now);
         let unavailable = self.providers.unavailable(&groups);
         let plan = decide::plan(&mut view, &groups, unavailable, &mut state.hints, &settings);
@@ -395,9 +420,97 @@ impl Controller {
         );
         state.decide = next;
         busy |= self.execute(commands, &mut view, &groups, state, now).await?;
+        self.fall_back(&mut view, &groups, &gangs_in_flight, &settings, state, now).await?;
         if let Some(p) = &stores.provisioning {
             self.write_request_conditions(&plan, &p.requests, now).await?;
         }
         Ok(busy)
+    }
+
+    /// The interruption step ([`interruption::react`]) on the notices the Nodes' taints carry:
+    /// replacements raised, reclaimed pools backed off, noticed nodes cordoned and drained within
+    /// their window, before the pass plans (which then counts the replacements as in flight).
+    /// A node whose drain is already marked is not acted on again, so a restarted controller or a
+    /// new leader does not launch a second replacement. Returns whether anything was done.
+    async fn react_to_notices(
+        &self,
+        view: &mut snapshot::ClusterView,
+        groups: &mut [crate::model::NodeGroup],
+        state: &mut LoopState,
+        now: Timestamp,
+    ) -> Result<bool, ControllerError> {
+        state.interrupted.retain(|n, _| view.drains.contains_key(n));
+        let notices = interruption::notices_from_taints(&view.snapshot.nodes, now.as_second());
+        if notices.is_empty() {
+            return Ok(false);
+        }
+        let handled: BTreeSet<String> = view.drains.keys().cloned().collect();
+        let unavailable = self.providers.unavailable(groups);
+        let gangs = state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let observed = Observed { snapshot: &view.snapshot, groups, gangs_in_flight: &gangs };
+        let (commands, next) = interruption::react(
+            &notices,
+            &state.interruption,
+            observed,
+            &handled,
+            &unavailable,
+            now.as_second(),
+            &InterruptionSettings::default(),
+        );
+        state.interruption = next;
+        if commands.is_empty() {
+            return Ok(false);
+        }
+        self.execute(commands, view, groups, state, now).await?;
+        for g in groups.iter_mut() {
+            if let Some(&to) = state.raises.raised.get(&g.id) {
+                g.target_size = g.target_size.max(to);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Capacity fallback within the pass: when a raise failed for lack of capacity, plans again
+    /// with that group (and every group sharing its offering) unavailable and the raises that
+    /// went through counted as in flight, and carries out the new plan's scale-ups, so the next
+    /// cheapest group that fits the pods (another zone, capacity type or GPU model they accept)
+    /// is asked now rather than a pass later. Bounded: each round needs a new failure, and a
+    /// group fails at most once per pass.
+    async fn fall_back(
+        &self,
+        view: &mut snapshot::ClusterView,
+        groups: &[crate::model::NodeGroup],
+        gangs_in_flight: &BTreeSet<String>,
+        settings: &PlannerSettings,
+        state: &mut LoopState,
+        now: Timestamp,
+    ) -> Result<(), ControllerError> {
+        let mut failed: BTreeMap<String, String> = BTreeMap::new();
+        for _ in 0..groups.len() {
+            let new: BTreeMap<String, String> = std::mem::take(&mut state.raises.failed)
+                .into_iter()
+                .filter(|(g, _)| !failed.contains_key(g))
+                .collect();
+            if new.is_empty() || !self.leading() {
+                return Ok(());
+            }
+            failed.extend(new);
+            let mut groups = groups.to_vec();
+            for g in &mut groups {
+                if let Some(&to) = state.raises.raised.get(&g.id) {
+                    g.target_size = g.target_size.max(to);
+                }
+            }
+            let mut unavailable = self.providers.unavailable(&groups);
+            for (g, why) in &failed {
+                unavailable.entry(g.clone()).or_insert_with(|| why.clone());
+            }
+            tracing::info!(failed = ?failed.keys().collect::<Vec<_>>(), "a raise failed for capacity; planning again without it");
+            let plan = decide::plan(view, &groups, unavailable, &mut state.hints, settings);
+            let observed = Observed { snapshot: &view.snapshot, groups: &groups, gangs_in_flight };
+            let commands = step::scale_ups(&plan, observed, &state.decide.replacing);
+            self.execute(commands, view, &groups, state, now).await?;
+        }
+        Ok(())
     }
 }

@@ -298,6 +298,9 @@ pub fn template_node(input: &TemplateInput<'_>) -> (Node, Vec<BadTaintTag>) {
             .to_owned(),
         ),
     ]);
+    for (k, v) in input.capacity.labels() {
+        labels.insert(k.to_owned(), v.to_owned());
+    }
     let zone = input.zones.first().cloned();
     if let Some(z) = &zone {
         labels.insert("topology.kubernetes.io/zone".to_owned(), z.clone());

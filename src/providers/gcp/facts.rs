@@ -3,7 +3,9 @@
 //! allocatable and the node template of a group. No I/O here, so every rule is unit-tested.
 
 use super::error::GcpError;
-use crate::model::{ErrorClass, GpuCatalog, GpuDevice, GpuTopology, InstanceState, Node, Resources};
+use crate::model::{
+    CapacityType, ErrorClass, GpuCatalog, GpuDevice, GpuTopology, InstanceState, Node, Resources,
+};
 use std::collections::BTreeMap;
 
 /// MIG description token / instance-template label holding the group's minimum size.
@@ -340,6 +342,10 @@ pub fn node_template(
     labels.insert("kubernetes.io/os".into(), "linux".into());
     if let Some(arch) = machine.arch {
         labels.insert("kubernetes.io/arch".into(), arch.into());
+    }
+    let capacity = if template.spot { CapacityType::Spot } else { CapacityType::OnDemand };
+    for (k, v) in capacity.labels() {
+        labels.entry(k.into()).or_insert_with(|| v.into());
     }
     if let Some(pool) = gke_pool {
         labels.insert(GKE_NODE_POOL_NODE_LABEL.into(), pool.into());

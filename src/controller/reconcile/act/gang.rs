@@ -35,7 +35,10 @@ impl Controller {
         };
         if !gang {
             match provider.set_target_size(group, to).await {
-                Ok(()) => self.observer.scaled_up(group, from, to, pods),
+                Ok(()) => {
+                    self.observer.scaled_up(group, from, to, pods);
+                    state.raises.raised.insert(group.to_string(), to);
+                }
                 Err(e @ ProviderError::NotPermitted { .. }) => {
                     tracing::info!(%group, error = %e, "leadership lost; the scale-up is left to the next leader")
                 }
@@ -43,6 +46,12 @@ impl Controller {
                     self.observer.scale_up_failed(group, &e.to_string());
                     if let Some(b) = provider.group_backoff(group) {
                         self.observer.backoff(group, &format!("{e} (failure {} in a row)", b.failures));
+                    }
+                    // Out of capacity (or refused as backing off): the pass plans again without
+                    // the group. Other failures (a bad request, auth) would fail for any group.
+                    if e.class() == ErrorClass::OutOfCapacity || provider.unavailable_reason(group).is_some()
+                    {
+                        state.raises.failed.insert(group.to_string(), format!("raise failed this pass: {e}"));
                     }
                 }
             }
