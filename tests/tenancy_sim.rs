@@ -85,7 +85,7 @@ fn cli_writes_csv_and_summary() {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["pods"], 262);
-    assert!(summary["tenancy"]["jain_index"].as_f64().is_some());
+    assert!(summary["tenancy"]["jainIndex"].as_f64().is_some());
 
     // A config file's tenants instead of derived ones.
     let cfg = out.path().join("gpuscale.yaml");

@@ -78,6 +78,7 @@ enum Format {
 
 /// Mean results of one policy over the seeds.
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 struct PolicySummary {
     policy: String,
     seeds: Vec<u64>,

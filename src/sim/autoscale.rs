@@ -212,6 +212,7 @@ impl Autoscaler {
 
 /// One sample of the time series.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Sample {
     /// Seconds from the window start.
     pub time: u64,
@@ -227,6 +228,7 @@ pub struct Sample {
 
 /// What one policy did.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PolicyRun {
     /// Policy.
     pub policy: Autoscaler,
@@ -272,6 +274,7 @@ pub struct PolicyRun {
 
 /// The lower bound: exactly the demanded GPU capacity at the cheapest $/GPU-hour it may use.
 #[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct LowerBound {
     /// Dollars.
     pub cost: f64,
@@ -301,6 +304,7 @@ pub fn run(jobs: &Jobs, groups: &[NodeGroup], policy: Autoscaler, cfg: &Autoscal
 
 /// The whole comparison of one seed: the three policies and the lower bound.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Comparison {
     /// Lower bound.
     pub lower_bound: LowerBound,
@@ -343,6 +347,7 @@ pub fn with_spot_twins(groups: &[NodeGroup], spot_price_factor: f64) -> Vec<Node
 /// CA-like baseline (which sees none), each with spot allowed and on-demand only, and the lower
 /// bound of each.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SpotComparison {
     /// Lower bound with spot allowed (spot prices, no interruptions).
     pub lower_bound_spot: LowerBound,

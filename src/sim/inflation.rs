@@ -31,6 +31,7 @@ impl Default for InflationConfig {
 
 /// One point of the allocation curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CurvePoint {
     /// Arrived GPU demand, % of capacity.
     pub arrived_pct: u32,
@@ -40,6 +41,7 @@ pub struct CurvePoint {
 
 /// Outcome of one run.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct InflationResult {
     /// Policy name.
     pub policy: String,

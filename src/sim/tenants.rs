@@ -43,6 +43,7 @@ impl Default for TenantSimConfig {
 
 /// One tenant's outcome under one scheduling mode.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TenantOutcome {
     /// Tenant name.
     pub tenant: String,
@@ -73,6 +74,7 @@ pub struct TenantOutcome {
 
 /// Outcome of one scheduling mode.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ModeOutcome {
     /// `tenancy` or `fifo`.
     pub mode: String,
@@ -100,6 +102,7 @@ pub struct ModeOutcome {
 
 /// The whole comparison.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TenantSimResult {
     /// Seed.
     pub seed: u64,
