@@ -8,9 +8,9 @@
 #                                         # and prints it (GPUSCALE_PEERS_BURST=N: a burst of N, not 100)
 #
 # Each is built once per pinned version and cached under ${CARGO_TARGET_DIR:-target}/peers/ (ignored
-# by git). Cold builds on 2 shared cores (measured 2026-12-07, docs/peers.md): Karpenter about 5 min
-# (286 s), Cluster Autoscaler longer; together far past CI's budget, so scripts/test.sh does not
-# build them and tests/k8s_peers.rs's peer smoke tests skip, saying so, unless
+# by git). Cold builds on 2 shared cores (measured 2026-12-07, docs/peers.md): Karpenter 286 s,
+# Cluster Autoscaler 835 s (beside a cargo build); together far past CI's budget, so scripts/test.sh
+# does not build them and tests/k8s_peers.rs's peer smoke tests skip, saying so, unless
 # GPUSCALE_KARPENTER_BIN / GPUSCALE_CLUSTER_AUTOSCALER_BIN are set.
 #
 # Karpenter: sigs.k8s.io/karpenter/kwok at the version tests/k8s/peers/karpenter/go.mod pins (it
