@@ -106,6 +106,11 @@ fn chart_rbac(namespace: &str) -> Vec<Value> {
 impl KubeCluster {
     /// Starts the control plane and the simulated cloud of `provider_yaml` (one account).
     pub async fn start(provider_yaml: &str, options: Options) -> Arc<Self> {
+        Self::start_with(provider_yaml, options, Duration::from_millis(300)).await
+    }
+
+    /// [`KubeCluster::start`] with nodes turning Ready `ready_after` their registration.
+    pub async fn start_with(provider_yaml: &str, options: Options, ready_after: Duration) -> Arc<Self> {
         let providers = config::load_strs(&[("test-providers.yaml", provider_yaml)])
             .unwrap_or_else(|e| panic!("test provider config: {e}"));
         let cloud = SimulatedCloud::from_config(&providers).into_iter().next().expect("a simulated account");
@@ -116,7 +121,7 @@ impl KubeCluster {
             cp,
             cloud: Arc::new(cloud),
             providers,
-            ready_after: Duration::from_millis(300),
+            ready_after,
             register: AtomicBool::new(true),
             registered: Mutex::new(BTreeMap::new()),
             chart_roles: Mutex::new(None),
@@ -281,7 +286,7 @@ impl KubeCluster {
     }
 
     /// Marks node `name` Ready and lifts its not-ready taint.
-    async fn make_ready(&self, name: &str) -> bool {
+    pub async fn make_ready(&self, name: &str) -> bool {
         let Ok(node) = self.nodes().get(name).await else { return false };
         let taints: Vec<Value> = node
             .spec

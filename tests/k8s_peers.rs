@@ -1,0 +1,89 @@
+//! gpuscale side by side with the real Cluster Autoscaler and the real Karpenter (issue #46), on
+//! the real control plane (`tests/support/peers.rs` says how they are run and measured).
+//!
+//! The smoke tests run one small burst per autoscaler. gpuscale's always runs; a peer's runs when
+//! its binary is given (`GPUSCALE_KARPENTER_BIN`, `GPUSCALE_CLUSTER_AUTOSCALER_BIN`, from
+//! `scripts/peers.sh`) and is skipped, saying so, when it is not: building both peers takes longer
+//! than CI's budget (docs/peers.md). A peer that is given but does not work fails the test.
+//!
+//! The full table is `scripts/peers.sh table` (the ignored `peer_table` test).
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+#[path = "support/controller_fixtures.rs"]
+mod fixtures;
+#[path = "support/kube_cluster.rs"]
+mod kube_cluster;
+#[path = "support/peers.rs"]
+mod peers;
+
+use peers::{burst, gang, load_drop, record, run, Autoscaler, Figures};
+use std::time::Duration;
+
+const KARPENTER: &str = "GPUSCALE_KARPENTER_BIN";
+const CLUSTER_AUTOSCALER: &str = "GPUSCALE_CLUSTER_AUTOSCALER_BIN";
+
+/// Four one-GPU pods: every one bound, on nodes the autoscaler launched with enough GPUs. The run
+/// lasts 60 s: Cluster Autoscaler waits until the oldest pending GPU pod is 30 s old before it
+/// scales up (`unschedulablePodWithGpuTimeBuffer` in core/static_autoscaler.go).
+async fn smoke(a: Autoscaler) {
+    let f = run(&a, &burst(4, Duration::from_secs(60))).await;
+    eprintln!("{}\n{}", Figures::header(), f.row());
+    assert_eq!(f.never_bound, 0, "{} left pods unbound: {f:?}", a.name());
+    assert!(f.launched >= 1, "{} launched no node: {f:?}", a.name());
+    assert!(f.gpus_end.0 >= 4 && f.gpus_end.1 == 4, "{}: GPUs at the end {:?}", a.name(), f.gpus_end);
+    assert!(f.p95_bind_s >= peers::BOOT.as_secs_f64() - 1.0, "bound before any node could boot: {f:?}");
+    assert!(f.cost_usd > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_gpuscale() {
+    smoke(Autoscaler::Gpuscale).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_karpenter() {
+    match Autoscaler::from_env(KARPENTER, Autoscaler::Karpenter) {
+        Some(a) => smoke(a).await,
+        None => {
+            eprintln!("SKIPPED: {KARPENTER} is unset (export {KARPENTER}=\"$(scripts/peers.sh karpenter)\")")
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_cluster_autoscaler() {
+    match Autoscaler::from_env(CLUSTER_AUTOSCALER, Autoscaler::ClusterAutoscaler) {
+        Some(a) => smoke(a).await,
+        None => eprintln!(
+            "SKIPPED: {CLUSTER_AUTOSCALER} is unset (export {CLUSTER_AUTOSCALER}=\"$(scripts/peers.sh cluster-autoscaler)\")"
+        ),
+    }
+}
+
+/// The table of docs/peers.md: every scenario with every autoscaler (both peers required).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes per run; `scripts/peers.sh table`"]
+async fn peer_table() {
+    let need = |var, make| {
+        Autoscaler::from_env(var, make)
+            .unwrap_or_else(|| panic!("{var} is unset: run `scripts/peers.sh table`"))
+    };
+    let all = [
+        Autoscaler::Gpuscale,
+        need(KARPENTER, Autoscaler::Karpenter),
+        need(CLUSTER_AUTOSCALER, Autoscaler::ClusterAutoscaler),
+    ];
+    let n = std::env::var("GPUSCALE_PEERS_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let scenarios = [
+        burst(n, Duration::from_secs(90)),
+        gang(4, 8, Duration::from_secs(60)),
+        load_drop(8, 2, Duration::from_secs(100)),
+    ];
+    record(&Figures::header());
+    for s in &scenarios {
+        for a in &all {
+            record(&run(a, s).await.row());
+        }
+    }
+}

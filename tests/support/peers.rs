@@ -1,0 +1,728 @@
+//! The real peer autoscalers — Karpenter (its kwok cloud provider) and Cluster Autoscaler (its kwok
+//! provider) — and gpuscale (its controller on the simulated cloud), one at a time on a fresh real
+//! control plane, given the same scenario, with the same instance types and prices (gpuscale's
+//! catalog) and the same boot delay, and measured from what the API server saw (issue #46).
+//!
+//! The peers create Node objects themselves (no cloud, no kubelet); a kubelet stand-in here makes
+//! such a node Ready [`BOOT`] after it appeared (the not-ready taint the API server's admission
+//! gives every new Node keeps pods off it until then), holds its Lease in `kube-node-lease`, and
+//! [`KubeCluster`]'s kubelet marks bound pods Running. gpuscale's instances register their Node at
+//! launch and turn Ready [`BOOT`] later, so every autoscaler pays the same boot time and its node
+//! is billed from the moment its Node exists.
+//!
+//! Include after the control plane, the fixtures and the cluster:
+//! ```ignore
+//! #[path = "support/peers.rs"]
+//! mod peers;
+//! ```
+#![allow(dead_code)]
+
+use crate::controlplane::Options;
+use crate::kube_cluster::{fast_config, spawn_replica, ControllerConfig, KubeCluster, Replica};
+use gpuscale::planner::PlannerSettings;
+use gpuscale::providers::catalog;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Launch to Ready, the same for every autoscaler (real clouds take minutes; every other window
+/// here is compressed likewise).
+pub const BOOT: Duration = Duration::from_secs(5);
+/// The one zone every instance type is offered in.
+pub const ZONE: &str = "us-east-1a";
+/// The instance types all three may buy: the L4 family of gpuscale's catalog, from 1 to 8 GPUs.
+pub const TYPES: &[&str] =
+    &["g6.xlarge", "g6.2xlarge", "g6.4xlarge", "g6.12xlarge", "g6.24xlarge", "g6.48xlarge"];
+/// Seconds after which an unneeded node may go, for all three (Karpenter's `consolidateAfter`,
+/// Cluster Autoscaler's `--scale-down-unneeded-time`, gpuscale's `scaleDownUnneededSeconds`).
+pub const UNNEEDED_SECONDS: u64 = 10;
+
+/// The annotation both peers' kwok providers put on the Nodes they create.
+const KWOK_NODE: &str = "kwok.x-k8s.io/node";
+
+/// An autoscaler under test.
+#[derive(Debug, Clone)]
+#[allow(clippy::enum_variant_names)] // Cluster Autoscaler is the product's name
+pub enum Autoscaler {
+    /// gpuscale's controller with the simulated cloud.
+    Gpuscale,
+    /// `karpenter-kwok` at this path (its CRDs in `crds/` beside it, as scripts/peers.sh leaves them).
+    Karpenter(PathBuf),
+    /// `cluster-autoscaler` at this path.
+    ClusterAutoscaler(PathBuf),
+}
+
+impl Autoscaler {
+    /// Its name in the table.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Autoscaler::Gpuscale => "gpuscale",
+            Autoscaler::Karpenter(_) => "Karpenter",
+            Autoscaler::ClusterAutoscaler(_) => "Cluster Autoscaler",
+        }
+    }
+
+    /// The peer of env var `var` (a binary path), or None when it is unset; a set variable that
+    /// names no file is a broken setup and panics.
+    pub fn from_env(var: &str, make: fn(PathBuf) -> Autoscaler) -> Option<Autoscaler> {
+        let path = PathBuf::from(std::env::var_os(var)?);
+        assert!(path.is_file(), "{var}={} is not a file (scripts/peers.sh builds it)", path.display());
+        Some(make(path))
+    }
+}
+
+/// The hourly on-demand price of `instance_type` in gpuscale's catalog.
+pub fn price(instance_type: &str) -> f64 {
+    catalog::lookup(instance_type)
+        .and_then(|s| s.on_demand_usd)
+        .unwrap_or_else(|| panic!("no catalog price for {instance_type}"))
+}
+
+/// What a node of `t` offers pods (the catalog's allocatable: the same capacity for all three).
+fn resources(t: &str) -> Value {
+    let spec = catalog::lookup(t).unwrap();
+    let a = catalog::allocatable(spec);
+    json!({
+        "cpu": format!("{}m", a.cpu_milli),
+        "memory": format!("{}", a.memory_bytes),
+        "pods": spec.max_pods.unwrap_or(catalog::DEFAULT_MAX_PODS).to_string(),
+        "nvidia.com/gpu": spec.gpus.to_string(),
+    })
+}
+
+/// gpuscale's provider config: one group per type, empty, booting in no cloud time (the boot is
+/// [`KubeCluster::ready_after`], from registration, as for the peers' nodes).
+pub fn gpuscale_providers() -> String {
+    let groups: String = TYPES
+        .iter()
+        .map(|t| {
+            format!(
+                "      - {{name: {}, instanceType: {t}, zones: [{ZONE}], minSize: 0, maxSize: 200, targetSize: 0}}\n",
+                t.replace('.', "-")
+            )
+        })
+        .collect();
+    format!(
+        "accounts:\n  - name: sim\n    provider: simulated\n    region: us-east-1\n    simulation: {{bootSeconds: 0, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}\n    nodeGroups:\n{groups}"
+    )
+}
+
+/// Karpenter's instance-type file (`kwok/cloudprovider/helpers.go` `InstanceTypeOptions`).
+pub fn karpenter_instance_types() -> Value {
+    let types: Vec<Value> = TYPES
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t, "architecture": "amd64", "operatingSystems": ["linux"],
+                "resources": resources(t),
+                "offerings": [{"Price": price(t), "Available": true, "Requirements": [
+                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [ZONE]}]}],
+            })
+        })
+        .collect();
+    Value::Array(types)
+}
+
+/// Cluster Autoscaler's kwok provider ConfigMaps: its config and one node-group template per type
+/// (no prices: its kwok provider has no pricing, hence `--expander=least-waste`).
+pub fn cluster_autoscaler_configmaps() -> [Value; 2] {
+    let config = "apiVersion: v1alpha1\nreadNodesFrom: configmap\nnodegroups:\n  fromNodeLabelKey: node.kubernetes.io/instance-type\n\
+         nodes:\n  skipTaint: true\n  gpuConfig:\n    gpuLabelKey: k8s.amazonaws.com/accelerator\n    availableGPUTypes:\n      nvidia-l4: {}\n\
+         configmap:\n  name: kwok-provider-templates\n"
+    .to_string();
+    let templates: Vec<Value> = TYPES
+        .iter()
+        .map(|t| {
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                // Annotations must be a map, not absent: the provider writes into it.
+                "metadata": {"name": format!("template-{}", t.replace('.', "-")),
+                    "annotations": {"cluster-autoscaler.kwok.nodegroup/max-count": "200"},
+                    "labels": {"node.kubernetes.io/instance-type": t, "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": ZONE,
+                        "topology.kubernetes.io/region": "us-east-1",
+                        "k8s.amazonaws.com/accelerator": "nvidia-l4"}},
+                "status": {"capacity": resources(t), "allocatable": resources(t)},
+            })
+        })
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": templates});
+    let cm = |name: &str, key: &str, text: String| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "kube-system"}, "data": {key: text}})
+    };
+    [
+        cm("kwok-provider-config", "config", config),
+        cm("kwok-provider-templates", "templates", list.to_string()),
+    ]
+}
+
+/// A peer process, killed (and reaped) when dropped.
+pub struct Process {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(bin: &Path, name: &'static str, args: &[String], env: &[(&str, String)], log: PathBuf) -> Self {
+        let out = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.args(args).stdin(Stdio::null()).stdout(out.try_clone().unwrap()).stderr(out);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        Self { child, name, log }
+    }
+
+    /// Panics with the end of its log if it has exited: a peer that does not run is a bad setup.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("{} exited ({status}); its log ends:\n{}", self.name, self.tail(40));
+        }
+    }
+
+    /// The last `n` lines of its log.
+    pub fn tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The running autoscaler.
+enum Running {
+    Gpuscale(Replica),
+    Peer(Process),
+}
+
+/// gpuscale's controller settings: the batching windows of Karpenter's defaults (1 s idle, 10 s
+/// most), the shared unneeded time.
+pub fn gpuscale_config() -> ControllerConfig {
+    ControllerConfig {
+        batch_idle_seconds: 1.0,
+        batch_max_seconds: 10.0,
+        scale_down_unneeded_seconds: UNNEEDED_SECONDS as f64,
+        ..fast_config()
+    }
+}
+
+async fn start(c: &Arc<KubeCluster>, a: &Autoscaler) -> Running {
+    let dir = c.cp.dir().to_path_buf();
+    let kubeconfig = c.cp.admin_kubeconfig.display().to_string();
+    match a {
+        Autoscaler::Gpuscale => Running::Gpuscale(spawn_replica(
+            c.cp.admin.clone(),
+            c.cloud.clone(),
+            "a",
+            gpuscale_config(),
+            PlannerSettings::default(),
+            false,
+        )),
+        Autoscaler::Karpenter(bin) => {
+            let crds = bin.parent().unwrap().join("crds");
+            let mut names: Vec<PathBuf> = std::fs::read_dir(&crds)
+                .unwrap_or_else(|e| {
+                    panic!("Karpenter's CRDs at {}: {e} (scripts/peers.sh copies them)", crds.display())
+                })
+                .map(|e| e.unwrap().path())
+                .collect();
+            names.sort();
+            for f in names {
+                let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+                c.cp.apply(crd).await;
+            }
+            wait_established(
+                c,
+                &["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "kwoknodeclasses.karpenter.kwok.sh"],
+            )
+            .await;
+            c.cp.apply(json!({"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
+                "metadata": {"name": "default"}, "spec": {}}))
+                .await;
+            // Nothing in Karpenter sets the class Ready; without it the NodePool is ignored.
+            let now = Timestamp::now().to_string();
+            c.cp.raw_patch(
+                "/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses/default/status",
+                &json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                    "message": "", "lastTransitionTime": now, "observedGeneration": 1}]}}),
+            )
+            .await;
+            c.cp.apply(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "gpu"},
+                "spec": {
+                    "template": {"spec": {
+                        "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"},
+                        "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}],
+                        "expireAfter": "Never"}},
+                    "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized",
+                        "consolidateAfter": format!("{UNNEEDED_SECONDS}s")}}}))
+                .await;
+            let types = dir.join("karpenter-instance-types.json");
+            std::fs::write(&types, karpenter_instance_types().to_string()).unwrap();
+            let env = [
+                ("KUBECONFIG", kubeconfig),
+                ("INSTANCE_TYPES_FILE_PATH", types.display().to_string()),
+                ("DISABLE_LEADER_ELECTION", "true".into()),
+                ("METRICS_PORT", free_port().to_string()),
+                ("HEALTH_PROBE_PORT", free_port().to_string()),
+                ("LOG_LEVEL", "info".into()),
+            ];
+            Running::Peer(Process::spawn(bin, "karpenter-kwok", &[], &env, dir.join("karpenter.log")))
+        }
+        Autoscaler::ClusterAutoscaler(bin) => {
+            for cm in cluster_autoscaler_configmaps() {
+                c.cp.apply(cm).await;
+            }
+            let args: Vec<String> = [
+                "--cloud-provider=kwok",
+                &format!("--kubeconfig={kubeconfig}"),
+                "--namespace=kube-system",
+                "--expander=least-waste",
+                "--scan-interval=1s",
+                &format!("--scale-down-unneeded-time={UNNEEDED_SECONDS}s"),
+                "--scale-down-delay-after-add=0s",
+                "--scale-down-delay-after-delete=0s",
+                "--scale-down-delay-after-failure=3s",
+                "--max-node-provision-time=2m",
+                "--skip-nodes-with-system-pods=false",
+                "--leader-elect=false",
+                &format!("--address=127.0.0.1:{}", free_port()),
+                "--v=2",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            // The kwok provider's own client reads KUBECONFIG, not --kubeconfig.
+            let env = [
+                ("KWOK_PROVIDER_MODE", "local".to_string()),
+                ("POD_NAMESPACE", "kube-system".into()),
+                ("KUBECONFIG", kubeconfig.clone()),
+            ];
+            Running::Peer(Process::spawn(
+                bin,
+                "cluster-autoscaler",
+                &args,
+                &env,
+                dir.join("cluster-autoscaler.log"),
+            ))
+        }
+    }
+}
+
+async fn wait_established(c: &KubeCluster, crds: &[&str]) {
+    for name in crds {
+        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
+        c.wait_until(Duration::from_secs(30), &format!("CRD {name} established"), || async {
+            c.get(&path).await.is_some_and(|v| {
+                v["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|x| x["type"] == "Established" && x["status"] == "True"))
+            })
+        })
+        .await;
+    }
+}
+
+/// One thing a scenario does, in order.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Create this object.
+    Create(Value),
+    /// Wait (at most this long) until this many pods are bound, all told.
+    WaitBound(usize, Duration),
+    /// Set `ml/<name>` ReplicaSet's replicas.
+    Scale(&'static str, u32),
+    /// Wait.
+    Sleep(Duration),
+}
+
+/// A scenario: steps, then measuring until `duration` after its start.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name in the table.
+    pub name: String,
+    /// What happens.
+    pub steps: Vec<Step>,
+    /// Length of the run (the window over which $ are counted), the same for every autoscaler.
+    pub duration: Duration,
+}
+
+/// A ReplicaSet `ml/<name>` of `replicas` pods, each asking `gpus` GPUs (limits too, as the device
+/// plugin requires), `cpu` cores and `mem_gi` GiB.
+pub fn replica_set(name: &str, replicas: u32, gpus: u32, cpu: u32, mem_gi: u32) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec(gpus, cpu, mem_gi)}}})
+}
+
+fn pod_spec(gpus: u32, cpu: u32, mem_gi: u32) -> Value {
+    json!({
+        "containers": [{"name": "main", "image": "busybox", "resources": {
+            "requests": {"cpu": cpu.to_string(), "memory": format!("{mem_gi}Gi"), "nvidia.com/gpu": gpus.to_string()},
+            "limits": {"nvidia.com/gpu": gpus.to_string()}}}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "terminationGracePeriodSeconds": 1,
+    })
+}
+
+/// (a) A burst of `n` one-GPU inference pods.
+pub fn burst(n: u32, duration: Duration) -> Scenario {
+    Scenario {
+        name: format!("burst of {n} one-GPU inference pods"),
+        steps: vec![Step::Create(replica_set("infer", n, 1, 2, 8)), Step::WaitBound(n as usize, duration)],
+        duration,
+    }
+}
+
+/// (c) A training gang: a Job of `members` pods of `gpus` GPUs each, started together.
+pub fn gang(members: u32, gpus: u32, duration: Duration) -> Scenario {
+    let mut spec = pod_spec(gpus, 32, 256);
+    spec["restartPolicy"] = json!("Never");
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"parallelism": members, "completions": members, "backoffLimit": 0,
+            "template": {"metadata": {"labels": {"app": "train"}}, "spec": spec}}});
+    Scenario {
+        name: format!("{members} x {gpus}-GPU training gang"),
+        steps: vec![Step::Create(job), Step::WaitBound(members as usize, duration)],
+        duration,
+    }
+}
+
+/// (d) A load drop: `from` one-GPU serving pods, then (once bound) only `to`; the rest of the
+/// run is for consolidation.
+pub fn load_drop(from: u32, to: u32, duration: Duration) -> Scenario {
+    Scenario {
+        name: format!("load drop {from} -> {to} one-GPU pods"),
+        steps: vec![
+            Step::Create(replica_set("serve", from, 1, 2, 8)),
+            Step::WaitBound(from as usize, duration),
+            Step::Sleep(Duration::from_secs(3)),
+            Step::Scale("serve", to),
+        ],
+        duration,
+    }
+}
+
+/// What one autoscaler did with one scenario, from the API server.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    /// The autoscaler.
+    pub autoscaler: &'static str,
+    /// The scenario.
+    pub scenario: String,
+    /// Σ node-seconds × the catalog's hourly price / 3600 over the run.
+    pub cost_usd: f64,
+    /// Median seconds from a pod's creation to its binding.
+    pub p50_bind_s: f64,
+    /// 95th percentile of the same.
+    pub p95_bind_s: f64,
+    /// Pods alive at the end never bound.
+    pub never_bound: usize,
+    /// Nodes that appeared.
+    pub launched: usize,
+    /// Nodes that went before the end.
+    pub removed: usize,
+    /// Pods evicted through the Eviction API plus pods lost with their node without one.
+    pub evicted: usize,
+    /// Nodes launched per instance type.
+    pub types: BTreeMap<String, usize>,
+    /// GPUs allocatable at the end and GPUs requested by bound pods then.
+    pub gpus_end: (u64, u64),
+}
+
+impl Figures {
+    /// The markdown header of [`Figures::row`].
+    pub fn header() -> String {
+        "| scenario | autoscaler | $ (run) | p50 bind s | p95 bind s | never bound | nodes launched | removed | evicted | GPUs at end (alloc./used) | types launched |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            .into()
+    }
+
+    /// One markdown row.
+    pub fn row(&self) -> String {
+        let types: Vec<String> = self.types.iter().map(|(t, n)| format!("{n}x {t}")).collect();
+        format!(
+            "| {} | {} | {:.4} | {:.1} | {:.1} | {} | {} | {} | {} | {}/{} | {} |",
+            self.scenario,
+            self.autoscaler,
+            self.cost_usd,
+            self.p50_bind_s,
+            self.p95_bind_s,
+            self.never_bound,
+            self.launched,
+            self.removed,
+            self.evicted,
+            self.gpus_end.0,
+            self.gpus_end.1,
+            types.join(", ")
+        )
+    }
+}
+
+/// What the meter saw of one node.
+#[derive(Debug, Clone)]
+struct SeenNode {
+    instance_type: String,
+    first: Instant,
+    gone: Option<Instant>,
+}
+
+/// Nodes and pods as the API server showed them, polled.
+#[derive(Default)]
+struct Meter {
+    nodes: BTreeMap<String, SeenNode>,
+    /// Pod `ns/name` -> first seen (wall clock, to compare with the audit log's binding time).
+    pods: BTreeMap<String, Timestamp>,
+}
+
+/// Polls nodes and pods every 200 ms; makes the peers' nodes Ready [`BOOT`] after they appear and
+/// renews their Leases every 10 s (the kubelet stand-in for nodes no cloud instance backs).
+fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ready: BTreeSet<String> = BTreeSet::new();
+        let mut renewed: BTreeMap<String, Instant> = BTreeMap::new();
+        loop {
+            let now = Instant::now();
+            let wall = Timestamp::now();
+            // Errors (the control plane going away at the end of a failed test) skip a poll.
+            if let Ok(list) = c.cp.raw("GET", "/api/v1/nodes", None).await {
+                let items = list["items"].as_array().cloned().unwrap_or_default();
+                let names: BTreeSet<String> =
+                    items.iter().map(|n| n["metadata"]["name"].as_str().unwrap().to_string()).collect();
+                let mut due = Vec::new();
+                {
+                    let mut m = meter.lock().unwrap();
+                    for n in &items {
+                        let name = n["metadata"]["name"].as_str().unwrap().to_string();
+                        let it = n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
+                        let seen = m.nodes.entry(name.clone()).or_insert(SeenNode {
+                            instance_type: it,
+                            first: now,
+                            gone: None,
+                        });
+                        let fake = n["metadata"]["annotations"][KWOK_NODE] == "fake";
+                        if fake && !ready.contains(&name) && now - seen.first >= BOOT {
+                            due.push(name);
+                        }
+                    }
+                    for (name, s) in m.nodes.iter_mut() {
+                        if s.gone.is_none() && !names.contains(name) {
+                            s.gone = Some(now);
+                        }
+                    }
+                }
+                for name in due {
+                    if c.make_ready(&name).await {
+                        ready.insert(name);
+                    }
+                }
+                for name in ready.iter().filter(|n| names.contains(*n)) {
+                    if renewed.get(name).is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        renew_lease(&c, name).await;
+                        renewed.insert(name.clone(), Instant::now());
+                    }
+                }
+            }
+            if let Ok(list) = c.cp.raw("GET", "/api/v1/namespaces/ml/pods", None).await {
+                let mut m = meter.lock().unwrap();
+                for p in list["items"].as_array().into_iter().flatten() {
+                    let key = format!("ml/{}", p["metadata"]["name"].as_str().unwrap());
+                    m.pods.entry(key).or_insert(wall);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+async fn renew_lease(c: &KubeCluster, node: &str) {
+    // A MicroTime: exactly six fractional digits.
+    let t = Timestamp::now();
+    let secs = Timestamp::from_second(t.as_second()).unwrap().to_string();
+    let now = format!("{}.{:06}Z", secs.trim_end_matches('Z'), t.subsec_microsecond());
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": node, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now}});
+    c.cp.apply(lease).await;
+}
+
+/// The shared setup: a control plane with the controllers scenarios need (ReplicaSets, Jobs,
+/// garbage collection), empty simulated cloud groups, kubelets.
+async fn cluster() -> Arc<KubeCluster> {
+    let controllers = vec!["replicaset-controller", "job-controller", "garbage-collector-controller"];
+    KubeCluster::start_with(&gpuscale_providers(), Options { controllers, ..Default::default() }, BOOT).await
+}
+
+/// Runs `scenario` with `autoscaler` on a fresh control plane and measures it.
+pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
+    let c = cluster().await;
+    c.cp.ensure_namespace("kube-node-lease").await;
+    let driver = c.spawn_driver(Duration::from_millis(100), 1);
+    let meter = Arc::new(Mutex::new(Meter::default()));
+    let meter_task = spawn_meter(c.clone(), meter.clone());
+    let mut running = start(&c, autoscaler).await;
+    let began = Instant::now();
+    let bound = |c: Arc<KubeCluster>| async move {
+        let list = c.get("/api/v1/namespaces/ml/pods").await.unwrap();
+        list["items"].as_array().unwrap().iter().filter(|p| p["spec"]["nodeName"].is_string()).count()
+    };
+    for step in &scenario.steps {
+        if let Running::Peer(p) = &mut running {
+            p.assert_running();
+        }
+        match step {
+            Step::Create(obj) => {
+                c.create(obj.clone()).await;
+            }
+            Step::WaitBound(n, limit) => {
+                let until = began + *limit;
+                while bound(c.clone()).await < *n && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Step::Scale(rs, replicas) => {
+                c.cp.raw_patch(
+                    &format!("/apis/apps/v1/namespaces/ml/replicasets/{rs}"),
+                    &json!({"spec": {"replicas": replicas}}),
+                )
+                .await;
+            }
+            Step::Sleep(d) => tokio::time::sleep(*d).await,
+        }
+    }
+    if let Some(left) = scenario.duration.checked_sub(began.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+    let end = Instant::now();
+    if let Running::Peer(p) = &mut running {
+        p.assert_running();
+    }
+    meter_task.abort();
+    let seen = std::mem::take(&mut *meter.lock().unwrap());
+    let figures = measure(&c, autoscaler.name(), &scenario.name, &seen, end).await;
+    if let Running::Peer(p) = &running {
+        eprintln!("{} log ends:\n{}", autoscaler.name(), p.tail(5));
+    }
+    match running {
+        Running::Gpuscale(r) => r.shutdown().await.expect("gpuscale's controller"),
+        Running::Peer(p) => drop(p),
+    }
+    driver.abort();
+    figures
+}
+
+async fn measure(
+    c: &KubeCluster,
+    autoscaler: &'static str,
+    scenario: &str,
+    m: &Meter,
+    end: Instant,
+) -> Figures {
+    let mut cost_usd = 0.0;
+    let mut types = BTreeMap::new();
+    for n in m.nodes.values() {
+        let until = n.gone.unwrap_or(end).min(end);
+        cost_usd += until.saturating_duration_since(n.first).as_secs_f64() * price(&n.instance_type) / 3600.0;
+        *types.entry(n.instance_type.clone()).or_insert(0) += 1;
+    }
+    let audit = c.cp.audit();
+    let mut binds: BTreeMap<String, Timestamp> = BTreeMap::new();
+    for e in audit.iter().filter(|e| e.subresource == "binding" && e.code == 201) {
+        if let Some(t) = e.received {
+            binds.entry(format!("{}/{}", e.namespace, e.name)).or_insert(t);
+        }
+    }
+    let mut waits: Vec<f64> = m
+        .pods
+        .iter()
+        .filter_map(|(k, created)| {
+            binds.get(k).map(|b| (b.as_millisecond() - created.as_millisecond()).max(0) as f64 / 1000.0)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    let pct = |q: f64| {
+        if waits.is_empty() {
+            f64::NAN
+        } else {
+            waits[((waits.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    let evicted =
+        audit.iter().filter(|e| e.subresource == "eviction" && e.code == 201 && e.namespace == "ml").count()
+            + c.killed.lock().unwrap().len();
+    let pods = c.get("/api/v1/namespaces/ml/pods").await.unwrap();
+    let alive: Vec<&Value> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    let never_bound = alive.iter().filter(|p| !p["spec"]["nodeName"].is_string()).count();
+    let used: u64 = alive
+        .iter()
+        .filter(|p| p["spec"]["nodeName"].is_string())
+        .map(|p| gpu_count(&p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]))
+        .sum();
+    let nodes = c.get("/api/v1/nodes").await.unwrap();
+    let alloc: u64 = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| gpu_count(&n["status"]["allocatable"]["nvidia.com/gpu"]))
+        .sum();
+    Figures {
+        autoscaler,
+        scenario: scenario.to_string(),
+        cost_usd,
+        p50_bind_s: pct(0.5),
+        p95_bind_s: pct(0.95),
+        never_bound,
+        launched: m.nodes.len(),
+        removed: m.nodes.values().filter(|n| n.gone.is_some_and(|g| g <= end)).count(),
+        evicted,
+        types,
+        gpus_end: (alloc, used),
+    }
+}
+
+fn gpu_count(v: &Value) -> u64 {
+    v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Appends `line` to the file `GPUSCALE_PEERS_TABLE` names, if any (the table command's output).
+pub fn record(line: &str) {
+    println!("{line}");
+    if let Some(path) = std::env::var_os("GPUSCALE_PEERS_TABLE") {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        writeln!(f, "{line}").unwrap();
+    }
+}
