@@ -30,15 +30,6 @@ accounts:
       - {name: gpu-h100, instanceType: p5.48xlarge, zones: [us-east-1a], minSize: 1, maxSize: 1, targetSize: 1}
 "#;
 
-/// Two teams of one cohort, 4 GPUs each guaranteed; a team may borrow what the other leaves.
-const TENANCY: &str = r#"
-cohorts: [{name: ml}]
-tenants:
-  - {name: team-a, cohort: ml, match: {namespaces: [team-a]}, quotas: {nvidia.com/gpu: {nominal: 4}}}
-  - {name: team-b, cohort: ml, match: {namespaces: [team-b]}, quotas: {nvidia.com/gpu: {nominal: 4}}}
-preemption: {enabled: true}
-"#;
-
 /// The eviction requests of controller `a`: dry runs or real ones.
 fn evictions(c: &KubeCluster, dry_run: bool) -> Vec<String> {
     c.requests_of("a")
@@ -70,7 +61,7 @@ async fn a_tenant_within_its_quota_reclaims_it_from_a_borrower_by_one_eviction()
     c.wait_until(WAIT, "team-b's pod running", || async { c.running_in("team-b", "hog").await.is_some() })
         .await;
 
-    let tenancy: TenancyConfig = serde_yaml::from_str(TENANCY).unwrap();
+    let tenancy: TenancyConfig = serde_yaml::from_str(fixtures::TWO_TEAMS).unwrap();
     let settings = PlannerSettings { scale_down: false, tenancy: Some(tenancy), ..Default::default() };
     let a = c.controller("a", fast_config(), settings, false).await;
     // Nobody waits: nothing to do, however much team-b borrows.
@@ -132,7 +123,7 @@ async fn a_victim_its_budget_protects_is_passed_over_for_one_the_api_lets_go() {
     }))
     .await;
 
-    let tenancy: TenancyConfig = serde_yaml::from_str(TENANCY).unwrap();
+    let tenancy: TenancyConfig = serde_yaml::from_str(fixtures::TWO_TEAMS).unwrap();
     let settings = PlannerSettings { scale_down: false, tenancy: Some(tenancy), ..Default::default() };
     let a = c.controller("a", fast_config(), settings, false).await;
     c.create(pod_json("team-a", "claim", 4, Some("Job"), None)).await;

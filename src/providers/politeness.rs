@@ -186,6 +186,23 @@ struct State {
     seen_failed: BTreeSet<String>,
 }
 
+impl State {
+    /// Whether every offering of `info` (its instance type and capacity type in each of its
+    /// zones) is marked unavailable at `now`.
+    fn offerings_out(&self, info: &GroupInfo, now: Duration) -> bool {
+        !info.zones.is_empty()
+            && info.zones.iter().all(|z| {
+                self.unavailable
+                    .get(&Offering {
+                        instance_type: info.instance_type.clone(),
+                        zone: z.clone(),
+                        capacity_type: info.capacity_type,
+                    })
+                    .is_some_and(|&until| until > now)
+            })
+    }
+}
+
 /// Asked immediately before every attempt of a write (`set_target_size`, `delete_instances`):
 /// false and the attempt is not issued ([`ProviderError::NotPermitted`]). The controller's leader
 /// fence: a write that waited for a rate-limit token or a retry backoff is checked again, so a
@@ -463,16 +480,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
         let now = self.clock.now();
         let s = self.lock();
         let info = s.groups.get(group)?;
-        let all_out = !info.zones.is_empty()
-            && info.zones.iter().all(|z| {
-                s.unavailable
-                    .get(&Offering {
-                        instance_type: info.instance_type.clone(),
-                        zone: z.clone(),
-                        capacity_type: info.capacity_type,
-                    })
-                    .is_some_and(|&until| until > now)
-            });
+        let all_out = s.offerings_out(info, now);
         all_out.then(|| {
             format!(
                 "{} ({}) has no capacity in {} (an insufficient-capacity error)",
@@ -503,16 +511,7 @@ impl<P: CloudProvider, C: Clock> Polite<P, C> {
                 retryable: false,
             });
         }
-        let all_out = !info.zones.is_empty()
-            && info.zones.iter().all(|z| {
-                s.unavailable
-                    .get(&Offering {
-                        instance_type: info.instance_type.clone(),
-                        zone: z.clone(),
-                        capacity_type: info.capacity_type,
-                    })
-                    .is_some_and(|&until| until > now)
-            });
+        let all_out = s.offerings_out(info, now);
         all_out.then(|| ProviderError::InsufficientCapacity {
             group: group.to_string(),
             message: format!(

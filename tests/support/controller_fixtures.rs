@@ -218,6 +218,16 @@ accounts:
     )
 }
 
+/// Tenancy of two teams of one cohort (namespaces `team-a`, `team-b`), 4 GPUs each guaranteed,
+/// a team borrowing what the other leaves; preemption on.
+pub const TWO_TEAMS: &str = r#"
+cohorts: [{name: ml}]
+tenants:
+  - {name: team-a, cohort: ml, match: {namespaces: [team-a]}, quotas: {nvidia.com/gpu: {nominal: 4}}}
+  - {name: team-b, cohort: ml, match: {namespaces: [team-b]}, quotas: {nvidia.com/gpu: {nominal: 4}}}
+preemption: {enabled: true}
+"#;
+
 /// Controller settings with test-sized windows.
 pub fn fast_config() -> ControllerConfig {
     let d = ControllerConfig::default();
