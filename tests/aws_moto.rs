@@ -1,12 +1,10 @@
-//! The AWS provider against moto (the AWS API emulator in server mode) and against a loopback
-//! server that throttles in AWS's wire format.
-//!
-//! Uses `MOTO_ENDPOINT` when set; otherwise starts one moto server for the whole test binary
-//! with `scripts/moto.sh` (installing moto with pip on first use), stopped by the script's
-//! watchdog when this process exits.
+//! The AWS provider against moto (the AWS API emulator in server mode, `support/moto.rs`) and
+//! against a loopback server that throttles in AWS's wire format.
 #![cfg(feature = "aws")]
 
-use aws_config::BehaviorVersion;
+#[path = "support/moto.rs"]
+mod moto_server;
+
 use aws_sdk_autoscaling::types::{
     InstancesDistribution, LaunchTemplate, LaunchTemplateOverrides, LaunchTemplateSpecification,
     MixedInstancesPolicy, Tag,
@@ -14,14 +12,14 @@ use aws_sdk_autoscaling::types::{
 use aws_sdk_ec2::types::{
     InstanceType, LaunchTemplateInstanceMarketOptionsRequest, MarketType, RequestLaunchTemplateData,
 };
-use gpuscale::model::{dollars, CapacityType, InstanceState, NodeGroup, TaintEffect};
+use gpuscale::model::{dollars, CapacityType, InstanceState, NodeGroup, NoticeKind, TaintEffect};
 use gpuscale::providers::aws::{AwsProvider, AwsSettings, PriceSource, StaticCredentials};
 use gpuscale::providers::{CloudProvider, ProviderError};
+use moto_server::moto;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -31,39 +29,6 @@ const ZONE: &str = "us-east-1a";
 /// An AMI moto ships in its default image list.
 const AMI: &str = "ami-12c6146b";
 const ENABLED: &str = "k8s.io/cluster-autoscaler/enabled";
-
-static MOTO: OnceLock<Result<String, String>> = OnceLock::new();
-
-/// The moto endpoint shared by all tests of this binary.
-fn moto() -> String {
-    MOTO.get_or_init(|| {
-        if let Ok(ep) = std::env::var("MOTO_ENDPOINT") {
-            return Ok(ep);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/moto.sh");
-        let state = std::env::temp_dir().join(format!("gpuscale-moto-{}", std::process::id()));
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .env("MOTO_STATE_DIR", &state)
-            .env("MOTO_OWNER_PID", std::process::id().to_string())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let endpoint = stdout.lines().last().unwrap_or("").trim().to_owned();
-        if !out.status.success() || !endpoint.starts_with("http://") {
-            return Err(format!(
-                "{} start failed ({}): stdout {stdout:?}, stderr {:?}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(endpoint)
-    })
-    .clone()
-    .unwrap_or_else(|e| panic!("moto is needed for the AWS provider tests and could not start: {e}"))
-}
 
 /// A name no other test (or earlier run against the same server) uses.
 fn unique(prefix: &str) -> String {
@@ -89,14 +54,7 @@ fn settings(endpoint: &str, cluster: &str) -> AwsSettings {
 
 /// Raw SDK clients for setting up fixtures in moto.
 async fn clients(endpoint: &str) -> (aws_sdk_autoscaling::Client, aws_sdk_ec2::Client) {
-    let config = aws_config::defaults(BehaviorVersion::latest())
-        .region(aws_config::Region::new(REGION))
-        .endpoint_url(endpoint)
-        .credentials_provider(aws_credential_types::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .load()
-        .await;
+    let config = moto_server::sdk_config(endpoint, REGION).await;
     (aws_sdk_autoscaling::Client::new(&config), aws_sdk_ec2::Client::new(&config))
 }
 
@@ -794,4 +752,150 @@ async fn plan_with_live_groups_reads_the_real_sizes() {
     // Offline, the group holds the snapshot's nodes: none.
     let offline = plan(&[]);
     assert_eq!(offline["costBeforePerHourUsd"].as_f64(), Some(0.0), "{offline}");
+}
+
+/// Raw SQS client for putting events in moto's queues, as EventBridge would.
+async fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&moto_server::sdk_config(endpoint, REGION).await)
+}
+
+/// An EventBridge event as the interruption queue receives it (AWS's documented shapes).
+fn event(detail_type: &str, source: &str, detail: serde_json::Value) -> String {
+    serde_json::json!({
+        "version": "0",
+        "id": "1e5527d7-bb36-4607-3370-4164db56a40e",
+        "detail-type": detail_type,
+        "source": source,
+        "account": "123456789012",
+        "time": "2026-12-07T10:00:00Z",
+        "region": REGION,
+        "resources": [],
+        "detail": detail,
+    })
+    .to_string()
+}
+
+fn kinds(deliveries: &[gpuscale::providers::Delivery]) -> Vec<(NoticeKind, String)> {
+    let mut out: Vec<(NoticeKind, String)> =
+        deliveries.iter().flat_map(|d| d.notices.iter().map(|n| (n.kind, n.instance.clone()))).collect();
+    out.sort();
+    out
+}
+
+/// The interruption queue read through the provider against moto's SQS: the four event shapes
+/// EventBridge delivers become notices, other messages come with none; a message not
+/// acknowledged comes back after the queue's visibility timeout (so a controller that crashed
+/// before acting sees it again), an acknowledged one never does. The queue is named by name or
+/// by URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interruption_queue_yields_notices_and_deletes_only_what_is_acknowledged() {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let endpoint = moto();
+    let sqs = sqs_client(&endpoint).await;
+    let name = unique("interruptions");
+    let url = sqs
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::VisibilityTimeout, "1")
+        .send()
+        .await
+        .expect("CreateQueue")
+        .queue_url
+        .expect("a queue URL");
+    let spot = event(
+        "EC2 Spot Instance Interruption Warning",
+        "aws.ec2",
+        serde_json::json!({"instance-id": "i-0spot", "instance-action": "terminate"}),
+    );
+    let rebalance = event(
+        "EC2 Instance Rebalance Recommendation",
+        "aws.ec2",
+        serde_json::json!({"instance-id": "i-0reb"}),
+    );
+    let stopping = event(
+        "EC2 Instance State-change Notification",
+        "aws.ec2",
+        serde_json::json!({"instance-id": "i-0stop", "state": "stopping"}),
+    );
+    let running = event(
+        "EC2 Instance State-change Notification",
+        "aws.ec2",
+        serde_json::json!({"instance-id": "i-0run", "state": "running"}),
+    );
+    let health = event(
+        "AWS Health Event",
+        "aws.health",
+        serde_json::json!({
+            "service": "EC2", "eventTypeCategory": "scheduledChange",
+            "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "startTime": "Tue, 08 Dec 2026 07:00:00 GMT",
+            "affectedEntities": [{"entityValue": "i-0ret"}]
+        }),
+    );
+    for body in [&spot, &rebalance, &stopping, &running, &health, &"not an event".to_string()] {
+        sqs.send_message().queue_url(&url).message_body(body).send().await.expect("SendMessage");
+    }
+
+    let mut s = settings(&endpoint, &unique("queue"));
+    s.interruption_queue = Some(name.clone());
+    let provider = AwsProvider::connect(s).await.unwrap();
+    let mut got = Vec::new();
+    // SQS hands out a sample of the queue per call; all six come within a few reads.
+    for _ in 0..10 {
+        got.extend(provider.receive_notices().await.expect("ReceiveMessage"));
+        if got.len() >= 6 {
+            break;
+        }
+    }
+    assert_eq!(got.len(), 6, "{got:?}");
+    let mut sorted_want = vec![
+        (NoticeKind::SpotInterruption, "i-0spot".to_string()),
+        (NoticeKind::Rebalance, "i-0reb".to_string()),
+        (NoticeKind::ScheduledMaintenance, "i-0ret".to_string()),
+        (NoticeKind::Terminating, "i-0stop".to_string()),
+    ];
+    sorted_want.sort();
+    assert_eq!(kinds(&got), sorted_want);
+    let spot_notice = got.iter().flat_map(|d| &d.notices).find(|n| n.instance == "i-0spot").unwrap();
+    assert_eq!(spot_notice.deadline, Some(spot_notice.issued_at + 120));
+    assert_eq!(got.iter().filter(|d| d.notices.is_empty()).count(), 2, "the running state and the garbage");
+
+    // Nothing acknowledged: all six come back once the visibility timeout has passed.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let mut again = Vec::new();
+    for _ in 0..10 {
+        again.extend(provider.receive_notices().await.expect("ReceiveMessage"));
+        if again.len() >= 6 {
+            break;
+        }
+    }
+    assert_eq!(kinds(&again), sorted_want);
+    // Acknowledge all but the spot warning: only it comes back.
+    let keep: Vec<String> = again
+        .iter()
+        .filter(|d| !d.notices.iter().any(|n| n.instance == "i-0spot"))
+        .map(|d| d.receipt.clone())
+        .collect();
+    assert_eq!(keep.len(), 5);
+    provider.acknowledge_notices(&keep).await.expect("DeleteMessageBatch");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let mut last = Vec::new();
+    for _ in 0..3 {
+        last.extend(provider.receive_notices().await.expect("ReceiveMessage"));
+    }
+    assert_eq!(kinds(&last), vec![(NoticeKind::SpotInterruption, "i-0spot".to_string())]);
+
+    // By URL: the same queue, and the last message deleted.
+    let mut s = settings(&endpoint, &unique("queue"));
+    s.interruption_queue = Some(url.clone());
+    let by_url = AwsProvider::connect(s).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let left = by_url.receive_notices().await.expect("ReceiveMessage by URL");
+    assert_eq!(kinds(&left), vec![(NoticeKind::SpotInterruption, "i-0spot".to_string())]);
+    by_url.acknowledge_notices(&[left[0].receipt.clone()]).await.unwrap();
+    assert_eq!(moto_server::queue_depth(&sqs, &url).await, ("0".into(), "0".into()));
+
+    // An account without a queue has no notices and makes no call.
+    let plain = AwsProvider::connect(settings(&endpoint, &unique("queue"))).await.unwrap();
+    assert!(plain.receive_notices().await.unwrap().is_empty());
 }

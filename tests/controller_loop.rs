@@ -9,6 +9,9 @@ mod apiserver;
 mod fixtures;
 #[path = "support/cluster_harness.rs"]
 mod harness;
+#[cfg(feature = "aws")]
+#[path = "support/moto.rs"]
+mod moto_server;
 
 use apiserver::{Fault, Settings};
 use gpuscale::controller::drain::DRAIN_EVICTED;
@@ -245,18 +248,39 @@ accounts:
 /// the middle does not launch a second replacement nor evict again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spot_interruption_notice_replaces_and_drains_the_node_exactly_once_across_a_restart() {
-    let providers = r#"
+    spot_interruption_across_a_restart(0).await;
+}
+
+/// The same at the reclaimed group's minimum size: the cloud takes the node whatever the minimum,
+/// so its pods are still moved (a voluntary drain would be refused there), and the drained node
+/// is left to the cloud, cordoned, rather than terminated below the minimum or given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_at_the_group_minimum_still_moves_the_pods_and_leaves_the_node_to_the_cloud() {
+    let c = spot_interruption_across_a_restart(1).await;
+    let deletes: Vec<_> = c
+        .cloud
+        .operations()
+        .into_iter()
+        .filter(|r| matches!(&r.op, Operation::DeleteInstances { group, .. } if group == "sim/spot-a"))
+        .collect();
+    assert!(deletes.is_empty(), "terminated below the minimum: {deletes:?}");
+}
+
+async fn spot_interruption_across_a_restart(spot_min: u32) -> std::sync::Arc<Cluster> {
+    let providers = format!(
+        r#"
 accounts:
   - name: sim
     provider: simulated
     region: us-east-1
-    simulation: {bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}
+    simulation: {{bootSeconds: 10, capacityErrorRate: 0, spotInterruptionsPerHour: 0, seed: 3}}
     nodeGroups:
-      - {name: spot-a, instanceType: g6.12xlarge, zones: [us-east-1a], capacityType: spot, maxSize: 4, targetSize: 1, price: {onDemand: 4.6, spot: 1.5}}
-      - {name: spot-b, instanceType: g6.12xlarge, zones: [us-east-1b], capacityType: spot, maxSize: 4, price: {onDemand: 4.6, spot: 1.7}}
-      - {name: od-a, instanceType: g6.12xlarge, zones: [us-east-1a], maxSize: 4, price: {onDemand: 4.6}}
-"#;
-    let c = Cluster::start(providers, Settings::default()).await;
+      - {{name: spot-a, instanceType: g6.12xlarge, zones: [us-east-1a], capacityType: spot, minSize: {spot_min}, maxSize: 4, targetSize: 1, price: {{onDemand: 4.6, spot: 1.5}}}}
+      - {{name: spot-b, instanceType: g6.12xlarge, zones: [us-east-1b], capacityType: spot, maxSize: 4, price: {{onDemand: 4.6, spot: 1.7}}}}
+      - {{name: od-a, instanceType: g6.12xlarge, zones: [us-east-1a], maxSize: 4, price: {{onDemand: 4.6}}}}
+"#
+    );
+    let c = Cluster::start(&providers, Settings::default()).await;
     let node = c.register_all_ready().pop().expect("the spot node");
     c.server.create(pod_json("ml", "train", 1, Some("ReplicaSet"), Some(&node)));
     let first = c.controller("a", fast_config(), no_scale_down());
@@ -285,10 +309,179 @@ accounts:
         .collect();
     assert_eq!(raises, vec![("sim/spot-b".to_string(), 0, 1)], "one replacement, outside the reclaimed pool");
     assert_eq!(evictions(&c, "train", 201), 1, "{:#?}", eviction_log(&c));
-    // The node was cordoned through the drain path (or is gone once drained), never deleted first.
+    // The node was cordoned through the drain path (or is gone once drained), never deleted
+    // first, and never given back to the scheduler.
     if let Some(n) = c.server.get("nodes", "", &node) {
         assert_eq!(n["spec"]["unschedulable"], true, "{n:#}");
     }
     second.stop.send_replace(true);
     second.task.await.unwrap().unwrap();
+    c
+}
+
+/// The same through the AWS interruption queue, end to end: an EC2 Spot Instance Interruption
+/// Warning in SQS (moto), real-shaped as EventBridge delivers it, for an instance of an Auto
+/// Scaling group (moto) leads to one replacement in the other spot pool, the node cordoned and its
+/// pod evicted through the Eviction API, exactly once across a controller crash right after the
+/// eviction; the message is deleted once handled.
+#[cfg(feature = "aws")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_warning_from_the_sqs_interruption_queue_replaces_and_drains_exactly_once_across_a_restart() {
+    use aws_sdk_autoscaling::types::{LaunchTemplateSpecification, Tag};
+    use aws_sdk_ec2::types::{
+        InstanceType, LaunchTemplateInstanceMarketOptionsRequest, MarketType, RequestLaunchTemplateData,
+    };
+    use gpuscale::providers::aws::AwsProvider;
+    use gpuscale::providers::CloudProvider;
+
+    let endpoint = moto_server::moto();
+    let sdk = moto_server::sdk_config(&endpoint, "us-east-1").await;
+    let (asg, ec2, sqs) = (
+        aws_sdk_autoscaling::Client::new(&sdk),
+        aws_sdk_ec2::Client::new(&sdk),
+        aws_sdk_sqs::Client::new(&sdk),
+    );
+    let run = format!("itn-{}-{}", std::process::id(), k8s_openapi::jiff::Timestamp::now().as_millisecond());
+    let template = format!("{run}-lt");
+    let spot = LaunchTemplateInstanceMarketOptionsRequest::builder().market_type(MarketType::Spot).build();
+    let data = RequestLaunchTemplateData::builder()
+        .image_id("ami-12c6146b")
+        .instance_type(InstanceType::from("g6.xlarge"))
+        .instance_market_options(spot)
+        .build();
+    ec2.create_launch_template()
+        .launch_template_name(&template)
+        .launch_template_data(data)
+        .send()
+        .await
+        .unwrap();
+    // Two spot pools of one type in two zones; the first runs the noticed instance.
+    for (pool, zone, desired) in [("a", "us-east-1a", 1), ("b", "us-east-1b", 0)] {
+        let name = format!("{run}-{pool}");
+        let tag = |k: &str, v: &str| {
+            Tag::builder().resource_id(&name).resource_type("auto-scaling-group").key(k).value(v).build()
+        };
+        asg.create_auto_scaling_group()
+            .auto_scaling_group_name(&name)
+            .launch_template(LaunchTemplateSpecification::builder().launch_template_name(&template).build())
+            .availability_zones(zone)
+            .min_size(0)
+            .max_size(4)
+            .desired_capacity(desired)
+            .tags(tag("k8s.io/cluster-autoscaler/enabled", "true"))
+            .tags(tag(&format!("k8s.io/cluster-autoscaler/{run}"), "owned"))
+            .send()
+            .await
+            .unwrap();
+    }
+    let queue = format!("{run}-interruptions");
+    let queue_url = sqs.create_queue().queue_name(&queue).send().await.unwrap().queue_url.unwrap();
+    let desired = |pool: &'static str| {
+        let (asg, name) = (asg.clone(), format!("{run}-{pool}"));
+        async move {
+            let out =
+                asg.describe_auto_scaling_groups().auto_scaling_group_names(&name).send().await.unwrap();
+            out.auto_scaling_groups()[0].desired_capacity().unwrap_or_default()
+        }
+    };
+
+    // The cluster: the pool-a instance's Node, Ready, running a pod.
+    let groups =
+        AwsProvider::connect(queue_settings(&endpoint, &run, &queue)).await.unwrap().refresh().await.unwrap();
+    let pool_a = groups.iter().find(|g| g.id.ends_with("-a")).expect("pool a");
+    let instance = pool_a.instances[0].id.clone();
+    let server = apiserver::FakeApiServer::start_with(Settings::default()).await;
+    server.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}));
+    let node = fixtures::node_name(&instance);
+    server.create(fixtures::node_json(pool_a, &instance));
+    server.set_node_ready(&node, true);
+    server.create(pod_json("ml", "train", 1, Some("ReplicaSet"), Some(&node)));
+    let start = |replica: &str, providers| {
+        fixtures::spawn_on(
+            server.replica_client(replica),
+            providers,
+            replica,
+            fast_config(),
+            no_scale_down(),
+            false,
+            Default::default(),
+        )
+    };
+    let first = start("a", queue_providers(&endpoint, &run, &queue).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((desired("a").await, desired("b").await), (1, 0), "nothing to do before the warning");
+
+    // EventBridge's delivery of the warning, issued now: the instance goes in two minutes.
+    let bare = instance.rsplit('/').next().unwrap();
+    let warning = json!({
+        "version": "0", "id": "1e5527d7-bb36-4607-3370-4164db56a40e",
+        "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
+        "account": "123456789012", "time": whole_seconds_now(),
+        "region": "us-east-1", "resources": [format!("arn:aws:ec2:us-east-1a:instance/{bare}")],
+        "detail": {"instance-id": bare, "instance-action": "terminate"}
+    });
+    sqs.send_message().queue_url(&queue_url).message_body(warning.to_string()).send().await.unwrap();
+    server
+        .wait_until(WAIT, "the pod evicted", |s| {
+            s.requests().iter().any(|r| r.path.ends_with("/pods/train/eviction") && r.status == 201)
+        })
+        .await;
+    first.task.abort(); // a crash in the middle
+    let _ = first.task.await;
+    let second = start("b", queue_providers(&endpoint, &run, &queue).await);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(desired("b").await, 1, "one replacement, in the other pool");
+    let evicted = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/pods/train/eviction") && r.status == 201)
+        .count();
+    assert_eq!(evicted, 1);
+    if let Some(n) = server.get("nodes", "", &node) {
+        assert_eq!(n["spec"]["unschedulable"], true, "{n:#}");
+    }
+    // The message was deleted once handled: none left, none in flight.
+    assert_eq!(moto_server::queue_depth(&sqs, &queue_url).await, ("0".into(), "0".into()));
+    second.stop.send_replace(true);
+    second.task.await.unwrap().unwrap();
+}
+
+/// The account of the queue test: its Auto Scaling groups by the run's tag, its queue.
+#[cfg(feature = "aws")]
+fn queue_settings(endpoint: &str, run: &str, queue: &str) -> gpuscale::providers::aws::AwsSettings {
+    let mut s = gpuscale::providers::aws::AwsSettings::new("test", "us-east-1");
+    s.endpoint_url = Some(endpoint.to_string());
+    s.discovery_tags =
+        std::collections::BTreeMap::from([(format!("k8s.io/cluster-autoscaler/{run}"), String::new())]);
+    s.interruption_queue = Some(queue.to_string());
+    s.static_credentials_for_tests = Some(gpuscale::providers::aws::StaticCredentials {
+        access_key_id: "testing".into(),
+        secret_access_key: "testing".into(),
+        session_token: None,
+    });
+    s
+}
+
+/// The controller's accounts for the queue test, connected afresh (as a restarted process).
+#[cfg(feature = "aws")]
+async fn queue_providers(
+    endpoint: &str,
+    run: &str,
+    queue: &str,
+) -> std::sync::Arc<gpuscale::controller::providers::ProviderSet> {
+    use gpuscale::controller::providers::{AnyProvider, ProviderSet};
+    use gpuscale::providers::politeness::{Polite, PolitenessConfig};
+    let aws =
+        gpuscale::providers::aws::AwsProvider::connect(queue_settings(endpoint, run, queue)).await.unwrap();
+    std::sync::Arc::new(ProviderSet::from_providers(vec![AnyProvider::Aws(Polite::new(
+        aws,
+        PolitenessConfig::default(),
+    ))]))
+}
+
+/// Now as EventBridge writes times: RFC 3339 in whole seconds.
+#[cfg(feature = "aws")]
+fn whole_seconds_now() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    k8s_openapi::jiff::Timestamp::from_second(now).expect("a valid time").to_string()
 }

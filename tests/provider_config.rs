@@ -555,6 +555,28 @@ fn account_level_validation() {
 }
 
 #[test]
+fn the_interruption_queue_is_an_aws_setting_with_a_queue_name_or_url() {
+    for queue in ["gpuscale-interruptions", "q_1.fifo", "https://sqs.us-east-1.amazonaws.com/123456789012/q"]
+    {
+        let text = format!(
+            "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    interruptionQueue: {queue}\n"
+        );
+        let cfg = load(&text).unwrap_or_else(|e| panic!("{queue}: {e}"));
+        assert_eq!(cfg.accounts[0].interruption_queue.as_deref(), Some(queue));
+    }
+    expect_error(
+        "accounts:\n  - name: a\n    provider: aws\n    region: us-east-1\n    interruptionQueue: 'my queue'\n",
+        "accounts[0].interruptionQueue",
+        "my queue",
+    );
+    expect_error(
+        &sim(BASE_GROUP).replace("region: us-east-1\n", "region: us-east-1\n    interruptionQueue: q\n"),
+        "accounts[0].interruptionQueue",
+        "provider is simulated",
+    );
+}
+
+#[test]
 fn several_errors_are_all_reported() {
     let msg = load(&sim("
       - name: a

@@ -16,7 +16,7 @@
 
 use super::config::ControllerConfig;
 use super::drain::PodFacts;
-use crate::model::{InstanceState, Node, NodeGroup};
+use crate::model::{InstanceState, Node, NodeGroup, NoticeKind};
 use std::collections::BTreeMap;
 
 /// A rule of the gate broken on purpose: the fault-injection suite runs a controller with one
@@ -127,6 +127,29 @@ pub fn may_drain(
     Ok(g)
 }
 
+/// May the drain of a node under a notice of `kind` start? A node the cloud takes anyway
+/// ([`NoticeKind::is_involuntary`]) needs only to be a confirmed member: its pods leave before
+/// the deadline whatever the minimum or the parallelism, since they would die with it otherwise.
+/// A rebalance recommendation is a voluntary disruption and passes [`may_drain`].
+pub fn may_drain_noticed(
+    node: &Node,
+    kind: NoticeKind,
+    groups: &[NodeGroup],
+    in_progress: &InProgress,
+    config: &ControllerConfig,
+) -> Result<usize, String> {
+    if !kind.is_involuntary() {
+        return may_drain(node, groups, in_progress, config);
+    }
+    member_of(node, groups).ok_or_else(|| {
+        format!(
+            "node {} under a {} notice is not a running instance of any managed group the cloud lists",
+            node.name,
+            kind.name()
+        )
+    })
+}
+
 /// May a drained node's instance be terminated and its Node deleted? Only a confirmed member
 /// whose pods (other than DaemonSet and mirror pods) are all gone, in a group above its minimum.
 /// `in_progress` counts the other removals under way (not this node's).
@@ -225,6 +248,25 @@ mod tests {
         assert!(may_drain(&nodes[1], &wide, &under_way, &cfg)
             .unwrap_err()
             .contains("maxScaleDownParallelism"));
+    }
+
+    #[test]
+    fn a_node_the_cloud_takes_is_drained_at_the_minimum_but_only_if_it_is_ours() {
+        // One node, at the group's minimum, with a drain already under way elsewhere and a
+        // parallelism of 1: a voluntary drain is refused, the reclaimed node's is not.
+        let groups = vec![group(1, 1, &["i-1"])];
+        let nodes = vec![node("a", "i-1"), node("x", "i-x")];
+        let cfg = ControllerConfig { max_scale_down_parallelism: 1, ..Default::default() };
+        let under_way = InProgress::of(&["x".to_string()], &nodes, &groups);
+        let rebalance = may_drain_noticed(&nodes[0], NoticeKind::Rebalance, &groups, &under_way, &cfg);
+        assert!(rebalance.unwrap_err().contains("min size 1"));
+        for kind in [NoticeKind::SpotInterruption, NoticeKind::ScheduledMaintenance, NoticeKind::Terminating]
+        {
+            assert_eq!(may_drain_noticed(&nodes[0], kind, &groups, &under_way, &cfg), Ok(0), "{kind:?}");
+        }
+        // Not a listed instance of a managed group: not ours to drain, whatever the notice.
+        let err = may_drain_noticed(&nodes[1], NoticeKind::SpotInterruption, &groups, &under_way, &cfg);
+        assert!(err.unwrap_err().contains("not a running instance"));
     }
 
     #[test]

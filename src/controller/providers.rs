@@ -8,7 +8,7 @@ use crate::model::{ErrorClass, NodeGroup};
 use crate::providers::config::{ProviderConfig, ProviderKind};
 use crate::providers::politeness::{GroupBackoff, Polite, PolitenessConfig, WriteGate};
 use crate::providers::simulated::{SimulatedCloud, SimulationSettings};
-use crate::providers::{CloudProvider, ProviderError};
+use crate::providers::{CloudProvider, Delivery, ProviderError};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,6 +68,12 @@ impl CloudProvider for AnyProvider {
     }
     async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
         each!(self, p => p.delete_instances(group, instances).await)
+    }
+    async fn receive_notices(&self) -> Result<Vec<crate::providers::Delivery>, ProviderError> {
+        each!(self, p => p.receive_notices().await)
+    }
+    async fn acknowledge_notices(&self, receipts: &[String]) -> Result<(), ProviderError> {
+        each!(self, p => p.acknowledge_notices(receipts).await)
     }
 }
 
@@ -180,6 +186,11 @@ impl ProviderSet {
         Self { providers, simulated: clouds, owner: Mutex::new(BTreeMap::new()) }
     }
 
+    /// Accounts already connected (a provider built against an emulator, in tests).
+    pub fn from_providers(providers: Vec<AnyProvider>) -> Self {
+        Self { providers, simulated: Vec::new(), owner: Mutex::new(BTreeMap::new()) }
+    }
+
     /// Every account checks `gate` immediately before each attempt of each cloud write, after
     /// any rate-limit wait or retry backoff: the controller passes its leader fence.
     pub fn set_write_gate(&self, gate: WriteGate) {
@@ -225,6 +236,37 @@ impl ProviderSet {
             .iter()
             .filter_map(|g| Some((g.id.clone(), self.provider_of(&g.id)?.unavailable_reason(&g.id)?)))
             .collect()
+    }
+
+    /// The messages waiting in every account's interruption queue, with the account's index. An
+    /// account whose queue cannot be read is logged and skipped: its messages wait for the next
+    /// pass.
+    pub async fn receive_notices(&self) -> Vec<(usize, Delivery)> {
+        let mut out = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            match p.receive_notices().await {
+                Ok(d) => out.extend(d.into_iter().map(|d| (i, d))),
+                Err(e) => {
+                    tracing::warn!(account = p.account(), error = %e, "the interruption queue could not be read")
+                }
+            }
+        }
+        out
+    }
+
+    /// Deletes handled messages (`(account index, receipt)`) from their queues. A message not
+    /// deleted comes back later and is found handled again.
+    pub async fn acknowledge_notices(&self, handled: &[(usize, String)]) {
+        for (i, p) in self.providers.iter().enumerate() {
+            let receipts: Vec<String> =
+                handled.iter().filter(|(a, _)| *a == i).map(|(_, r)| r.clone()).collect();
+            if receipts.is_empty() {
+                continue;
+            }
+            if let Err(e) = p.acknowledge_notices(&receipts).await {
+                tracing::warn!(account = p.account(), error = %e, "handled interruption messages could not be deleted");
+            }
+        }
     }
 
     /// Moves the clocks of the simulated clouds forward.

@@ -33,6 +33,14 @@ impl NoticeKind {
         self != NoticeKind::Rebalance
     }
 
+    /// Whether the instance goes whatever gpuscale does (reclaimed, stopped for maintenance,
+    /// terminating): its drain is not a voluntary disruption, so minimum sizes and the scale-down
+    /// parallelism do not hold it back, as Karpenter's interruption controller acts outside its
+    /// disruption budgets. A rebalance recommendation is voluntary.
+    pub fn is_involuntary(self) -> bool {
+        self != NoticeKind::Rebalance
+    }
+
     /// Short name for reasons and logs.
     pub fn name(self) -> &'static str {
         match self {

@@ -51,16 +51,33 @@ impl Default for InterruptionSettings {
 pub struct InterruptionState {
     /// Instances whose notice was acted on, with when the memory may be dropped.
     pub handled: BTreeMap<String, i64>,
+    /// Instances whose reclaimed pool was backed off, likewise: once per notice, also while
+    /// the node itself waits to be drained.
+    pub pools_backed_off: BTreeMap<String, i64>,
 }
 
-/// The commands for `notices` at `now`, and the new memory. `handled_nodes` are nodes whose
-/// reaction is already under way as far as the caller can see (the controller's drain marks on
-/// Nodes, which survive a restart); `unavailable` are groups the plan may not grow.
+/// What the caller can see of its own nodes.
+#[derive(Clone, Copy)]
+pub struct NodeReach<'a> {
+    /// Nodes whose reaction is already under way (the controller's drain marks on Nodes, which
+    /// survive a restart): no second replacement, no second drain.
+    pub handled: &'a BTreeSet<String>,
+    /// Whether the caller may drain a node under a notice of a kind (the controller's gate: only
+    /// a running instance of a managed group; a rebalance also within minimums and budgets). A
+    /// node it may not drain gets neither a drain nor a replacement, and its notice is not
+    /// remembered, so it is looked at again on the next pass.
+    pub drainable: &'a dyn Fn(&Node, NoticeKind) -> bool,
+}
+
+/// The commands for `notices` at `now`, and the new memory; `unavailable` are groups the plan
+/// may not grow. Per notice the drain comes before the replacement's raise: the drain mark on the
+/// Node is what tells a restarted controller that the notice was handled, so a crash between the
+/// two leaves the pods to the next plan (as pending pods) and never launches two replacements.
 pub fn react(
     notices: &[Notice],
     state: &InterruptionState,
     observed: Observed<'_>,
-    handled_nodes: &BTreeSet<String>,
+    reach: NodeReach<'_>,
     unavailable: &BTreeMap<String, String>,
     now: i64,
     settings: &InterruptionSettings,
@@ -68,10 +85,14 @@ pub fn react(
     let Observed { snapshot, groups, .. } = observed;
     let mut next = state.clone();
     next.handled.retain(|_, until| *until > now);
+    next.pools_backed_off.retain(|_, until| *until > now);
     let mut out = Vec::new();
     // Raises of this step per group, so two replacements from one group add up.
     let mut raised: BTreeMap<usize, u32> = BTreeMap::new();
     let mut backed_off: BTreeSet<usize> = BTreeSet::new();
+    // Nodes acted on in this step: two notices for one node (its taint and a queue message,
+    // a spot warning and the state change after it) make one reaction.
+    let mut acted: BTreeSet<&str> = BTreeSet::new();
     let mut notices: Vec<&Notice> = notices.iter().collect();
     // Most urgent first: the earliest deadline gets the cheapest room.
     notices.sort_by_key(|n| (n.deadline.unwrap_or(i64::MAX), n.instance.clone(), n.kind));
@@ -87,7 +108,9 @@ pub fn react(
             None => groups.iter().position(|g| g.instances.iter().any(|i| notice.is_for(&i.id))),
         };
         // A reclaimed spot pool is not grown for the backoff time, whether or not its node is here.
-        if notice.kind == NoticeKind::SpotInterruption {
+        if notice.kind == NoticeKind::SpotInterruption
+            && next.pools_backed_off.insert(notice.instance.clone(), forget_at).is_none()
+        {
             if let Some(gi) = gi.filter(|&g| backed_off.insert(g)) {
                 out.push(Command::BackOffGroup {
                     group: groups[gi].id.clone(),
@@ -100,7 +123,7 @@ pub fn react(
             next.handled.insert(notice.instance.clone(), forget_at);
             continue;
         };
-        if handled_nodes.contains(&node.name) {
+        if reach.handled.contains(&node.name) || acted.contains(node.name.as_str()) {
             next.handled.insert(notice.instance.clone(), forget_at);
             continue;
         }
@@ -114,12 +137,24 @@ pub fn react(
                     let own = gi.map_or(u64::MAX, |g| groups[g].price) as f64;
                     groups[r].price as f64 <= own * (1.0 + settings.rebalance_max_premium)
                 });
-            next.handled.insert(notice.instance.clone(), forget_at);
             if !worth {
                 tracing::debug!(node = %node.name, "rebalance recommendation: no replacement worth the move");
+                next.handled.insert(notice.instance.clone(), forget_at);
                 continue;
             }
         }
+        if !(reach.drainable)(node, notice.kind) {
+            tracing::debug!(node = %node.name, "the noticed node may not be drained; looking again next pass");
+            continue;
+        }
+        acted.insert(&node.name);
+        let deadline = notice.deadline.map_or(String::new(), |d| format!(", {}s left", (d - now).max(0)));
+        out.push(Command::InterruptNode {
+            node: node.name.clone(),
+            kind: notice.kind,
+            grace_cap_seconds: grace_cap(notice, now, settings),
+            reason: format!("{} of {}{deadline}", notice.kind.name(), notice.instance),
+        });
         if let Some(r) = replacement.filter(|_| !pods.is_empty()) {
             let g = &groups[r];
             let extra = raised.entry(r).or_insert(0);
@@ -132,21 +167,18 @@ pub fn react(
                 gang: false,
             });
         }
-        let grace_cap_seconds = notice
-            .deadline
-            .map(|d| (d - now - settings.deadline_margin_seconds).max(0) as u32)
-            .filter(|_| notice.kind != NoticeKind::Terminating)
-            .or((notice.kind == NoticeKind::Terminating).then_some(0));
-        let deadline = notice.deadline.map_or(String::new(), |d| format!(", {}s left", (d - now).max(0)));
-        out.push(Command::InterruptNode {
-            node: node.name.clone(),
-            kind: notice.kind,
-            grace_cap_seconds,
-            reason: format!("{} of {}{deadline}", notice.kind.name(), notice.instance),
-        });
         next.handled.insert(notice.instance.clone(), forget_at);
     }
     (out, next)
+}
+
+/// The grace period a noticed node's pods get at most, seconds: the time left before the
+/// deadline less the margin (0 for an instance already terminating); `None` without a deadline.
+pub fn grace_cap(notice: &Notice, now: i64, settings: &InterruptionSettings) -> Option<u32> {
+    if notice.kind == NoticeKind::Terminating {
+        return Some(0);
+    }
+    notice.deadline.map(|d| (d - now - settings.deadline_margin_seconds).max(0) as u32)
 }
 
 /// The taint gpuscale's node agent puts on a Node whose instance received a notice; its value
@@ -291,6 +323,23 @@ accounts:
         }
     }
 
+    /// Group `gi`'s node `name` running pod `pod` of `gpus` GPUs, and the groups.
+    fn one_node_with_a_pod(
+        gi: usize,
+        name: &str,
+        pod_id: &str,
+        gpus: u32,
+    ) -> (Vec<NodeGroup>, ClusterSnapshot) {
+        let mut g = groups();
+        let n = node_of(&mut g, gi, name);
+        let snapshot = ClusterSnapshot {
+            nodes: vec![n],
+            workloads: vec![pod(pod_id, name, gpus)],
+            ..Default::default()
+        };
+        (g, snapshot)
+    }
+
     fn spot_notice(name: &str, now: i64) -> Notice {
         Notice {
             kind: NoticeKind::SpotInterruption,
@@ -309,18 +358,13 @@ accounts:
     ) -> (Vec<Command>, InterruptionState) {
         let none = BTreeSet::new();
         let observed = Observed { snapshot, groups, gangs_in_flight: &none };
-        react(notices, state, observed, &BTreeSet::new(), &BTreeMap::new(), 1000, settings)
+        let reach = NodeReach { handled: &none, drainable: &|_, _| true };
+        react(notices, state, observed, reach, &BTreeMap::new(), 1000, settings)
     }
 
     #[test]
     fn a_spot_interruption_replaces_cordons_drains_within_the_window_and_backs_the_pool_off() {
-        let mut g = groups();
-        let n = node_of(&mut g, 0, "a1");
-        let snapshot = ClusterSnapshot {
-            nodes: vec![n],
-            workloads: vec![pod("ml/train", "a1", 2)],
-            ..Default::default()
-        };
+        let (g, snapshot) = one_node_with_a_pod(0, "a1", "ml/train", 2);
         let (cmds, state) =
             run(&[spot_notice("a1", 1000)], &snapshot, &g, &Default::default(), &Default::default());
         assert_eq!(
@@ -331,6 +375,13 @@ accounts:
                     until: 1180,
                     reason: "spot capacity reclaimed (i-a1)".into()
                 },
+                // The drain first: its mark on the Node is what a restarted controller reads.
+                Command::InterruptNode {
+                    node: "a1".into(),
+                    kind: NoticeKind::SpotInterruption,
+                    grace_cap_seconds: Some(115),
+                    reason: "spot interruption of i-a1, 120s left".into()
+                },
                 // The reclaimed pool is skipped: the next cheapest, spot in the other zone.
                 Command::ScaleGroup {
                     group: "sim/l4-spot-b".into(),
@@ -338,12 +389,6 @@ accounts:
                     to: 1,
                     pods: vec!["ml/train".into()],
                     gang: false
-                },
-                Command::InterruptNode {
-                    node: "a1".into(),
-                    kind: NoticeKind::SpotInterruption,
-                    grace_cap_seconds: Some(115),
-                    reason: "spot interruption of i-a1, 120s left".into()
                 },
             ]
         );
@@ -419,13 +464,7 @@ accounts:
 
     #[test]
     fn a_rebalance_recommendation_replaces_only_when_enabled_and_not_dearer() {
-        let mut g = groups();
-        let b1 = node_of(&mut g, 1, "b1");
-        let snapshot = ClusterSnapshot {
-            nodes: vec![b1],
-            workloads: vec![pod("ml/train", "b1", 1)],
-            ..Default::default()
-        };
+        let (mut g, snapshot) = one_node_with_a_pod(1, "b1", "ml/train", 1);
         let notice =
             Notice { kind: NoticeKind::Rebalance, instance: "i-b1".into(), issued_at: 1000, deadline: None };
         // Off by default: nothing, and no backoff (nothing was reclaimed).
@@ -435,11 +474,11 @@ accounts:
         // Enabled: spot-a (1.5/h) is cheaper than the node (1.7/h): replaced, drained without cap.
         let on = InterruptionSettings { replace_on_rebalance: true, ..Default::default() };
         let (cmds, _) = run(std::slice::from_ref(&notice), &snapshot, &g, &Default::default(), &on);
+        assert!(matches!(&cmds[0], Command::InterruptNode { grace_cap_seconds: None, .. }), "{cmds:?}");
         assert!(
-            matches!(&cmds[0], Command::ScaleGroup { group, .. } if group == "sim/l4-spot-a"),
+            matches!(&cmds[1], Command::ScaleGroup { group, .. } if group == "sim/l4-spot-a"),
             "{cmds:?}"
         );
-        assert!(matches!(&cmds[1], Command::InterruptNode { grace_cap_seconds: None, .. }), "{cmds:?}");
         // The cheaper pool full: the only replacement (on-demand, 4.6/h) is dearer: nothing.
         g[0].max_size = 0;
         let (cmds, _) = run(&[notice], &snapshot, &g, &Default::default(), &on);
@@ -460,16 +499,70 @@ accounts:
         let observed = Observed { snapshot: &snapshot, groups: &g, gangs_in_flight: &none };
         let handled = BTreeSet::from(["a1".to_string()]);
         let settings = InterruptionSettings::default();
+        let reach = NodeReach { handled: &handled, drainable: &|_, _| true };
         let (cmds, _) = react(
             &[spot_notice("a1", 1000)],
             &Default::default(),
             observed,
-            &handled,
+            reach,
             &BTreeMap::new(),
             1000,
             &settings,
         );
         assert!(cmds.iter().all(|c| matches!(c, Command::BackOffGroup { .. })), "{cmds:?}");
         assert_eq!(g[0].capacity_type, CapacityType::Spot);
+    }
+
+    #[test]
+    fn two_notices_for_one_node_make_one_reaction() {
+        let (g, snapshot) = one_node_with_a_pod(0, "a1", "ml/train", 2);
+        // The queue's warning (a bare instance id) and the termination handler's taint (the
+        // provider id), and the state change that follows the warning.
+        let mut from_taint = spot_notice("a1", 1000);
+        from_taint.instance = "aws:///us-east-1a/i-a1".into();
+        let terminating = Notice {
+            kind: NoticeKind::Terminating,
+            instance: "i-a1".into(),
+            issued_at: 1000,
+            deadline: Some(1000),
+        };
+        let (cmds, state) = run(
+            &[spot_notice("a1", 1000), from_taint, terminating],
+            &snapshot,
+            &g,
+            &Default::default(),
+            &Default::default(),
+        );
+        let drains = cmds.iter().filter(|c| matches!(c, Command::InterruptNode { .. })).count();
+        let raises = cmds.iter().filter(|c| matches!(c, Command::ScaleGroup { .. })).count();
+        assert_eq!((drains, raises), (1, 1), "{cmds:?}");
+        assert_eq!(state.handled.len(), 2, "both ids remembered: {state:?}");
+    }
+
+    #[test]
+    fn a_node_the_caller_may_not_drain_gets_no_replacement_and_is_looked_at_again() {
+        let (g, snapshot) = one_node_with_a_pod(0, "a1", "ml/train", 1);
+        let none = BTreeSet::new();
+        let observed = Observed { snapshot: &snapshot, groups: &g, gangs_in_flight: &none };
+        let settings = InterruptionSettings::default();
+        let notice = [spot_notice("a1", 1000)];
+        let refused = NodeReach { handled: &none, drainable: &|_, _| false };
+        let (cmds, state) =
+            react(&notice, &Default::default(), observed, refused, &BTreeMap::new(), 1000, &settings);
+        // The pool is still backed off (it is being reclaimed), but no drain and no raise: a
+        // replacement for pods that are not moved would be a second node for the same pods.
+        assert!(
+            matches!(cmds.as_slice(), [Command::BackOffGroup { group, .. }] if group == "sim/l4-spot-a"),
+            "{cmds:?}"
+        );
+        assert!(state.handled.is_empty(), "not remembered: {state:?}");
+        // Once the node may be drained (the next pass), it is handled; the pool is not backed
+        // off a second time for the same notice.
+        let allowed = NodeReach { handled: &none, drainable: &|_, _| true };
+        let (cmds, _) = react(&notice, &state, observed, allowed, &BTreeMap::new(), 1010, &settings);
+        assert!(
+            matches!(cmds.as_slice(), [Command::InterruptNode { .. }, Command::ScaleGroup { .. }]),
+            "{cmds:?}"
+        );
     }
 }

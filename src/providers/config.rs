@@ -95,6 +95,11 @@ pub struct AccountConfig {
     /// Behaviour of a simulated cloud.
     #[serde(default)]
     pub simulation: Option<SimulationConfig>,
+    /// The SQS queue (name, or URL) that EventBridge fills with the account's spot interruption
+    /// warnings, rebalance recommendations, instance state changes and AWS Health scheduled
+    /// changes (AWS only; docs/spot.md).
+    #[serde(default)]
+    pub interruption_queue: Option<String>,
 }
 
 /// Credential source. Exactly one of `profile`, `roleArn`, `env` or `serviceAccountKeyFile`.
@@ -691,6 +696,16 @@ fn show<T: fmt::Debug>(v: T) -> String {
     format!("{v:?}")
 }
 
+/// An SQS queue name (up to 80 letters, digits, `-` and `_`, a FIFO queue's `.fifo` suffix) or a
+/// queue URL.
+fn is_queue_name_or_url(queue: &str) -> bool {
+    if queue.starts_with("https://") || queue.starts_with("http://") {
+        return queue.len() <= 2048 && !queue.chars().any(char::is_whitespace);
+    }
+    let name = queue.strip_suffix(".fifo").unwrap_or(queue);
+    (1..=80).contains(&queue.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 impl Validator {
     fn err(&mut self, file: &Path, field: String, value: String, reason: impl Into<String>) {
         self.errors.push(ConfigError::Invalid {
@@ -785,6 +800,23 @@ impl Validator {
                     kind.as_str()
                 ),
             );
+        }
+        if let Some(queue) = &a.interruption_queue {
+            if kind != ProviderKind::Aws {
+                self.err(
+                    file,
+                    format!("{at}.interruptionQueue"),
+                    show(queue),
+                    format!("the interruption queue is an aws setting, provider is {}", kind.as_str()),
+                );
+            } else if !is_queue_name_or_url(queue) {
+                self.err(
+                    file,
+                    format!("{at}.interruptionQueue"),
+                    show(queue),
+                    "must be an SQS queue name (1-80 letters, digits, '-' or '_', '.fifo' allowed) or an https:// queue URL",
+                );
+            }
         }
         if kind == ProviderKind::Simulated && a.node_groups.is_empty() {
             self.err(

@@ -140,4 +140,29 @@ pub trait CloudProvider: Send + Sync {
         group: &str,
         instances: &[String],
     ) -> impl Future<Output = Result<(), ProviderError>> + Send;
+
+    /// The interruption notices waiting in the account's queue (AWS: the SQS interruption
+    /// queue), each message to be acknowledged once acted on; none for accounts without one.
+    fn receive_notices(&self) -> impl Future<Output = Result<Vec<Delivery>, ProviderError>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
+
+    /// Deletes handled messages of the interruption queue ([`Delivery::receipt`]).
+    fn acknowledge_notices(
+        &self,
+        receipts: &[String],
+    ) -> impl Future<Output = Result<(), ProviderError>> + Send {
+        let _ = receipts;
+        std::future::ready(Ok(()))
+    }
+}
+
+/// One message of an account's interruption queue: its notices (none when it holds nothing to
+/// act on) and the handle it is deleted with once they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The queue's handle for this receipt of the message.
+    pub receipt: String,
+    /// What the message announces.
+    pub notices: Vec<crate::model::Notice>,
 }

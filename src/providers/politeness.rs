@@ -563,6 +563,16 @@ impl<P: CloudProvider, C: Clock> CloudProvider for Polite<P, C> {
         result
     }
 
+    // Reading the queue hides its messages from other readers for a while, and deleting them
+    // ends them: both are a leader's acts, behind the write gate.
+    async fn receive_notices(&self) -> Result<Vec<crate::providers::Delivery>, ProviderError> {
+        self.call("receive_notices", true, || self.inner.receive_notices()).await
+    }
+
+    async fn acknowledge_notices(&self, receipts: &[String]) -> Result<(), ProviderError> {
+        self.call("acknowledge_notices", true, || self.inner.acknowledge_notices(receipts)).await
+    }
+
     async fn delete_instances(&self, group: &str, instances: &[String]) -> Result<(), ProviderError> {
         self.call("delete_instances", true, || self.inner.delete_instances(group, instances)).await?;
         if let Some(info) = self.lock().groups.get_mut(group) {

@@ -897,7 +897,7 @@ impl<'a> Sim<'a> {
             &notices,
             &self.interruption,
             observed,
-            &BTreeSet::new(),
+            interruption::NodeReach { handled: &BTreeSet::new(), drainable: &|_, _| true },
             &self.unavailable(),
             self.now as i64,
             settings,

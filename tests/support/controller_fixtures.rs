@@ -151,6 +151,19 @@ pub fn spawn_mutant(
     mutant: gpuscale::controller::gate::Mutant,
 ) -> Replica {
     let providers = Arc::new(ProviderSet::from_simulated(vec![cloud]));
+    spawn_on(client, providers, identity, config, planner, dry_run, mutant)
+}
+
+/// [`spawn_mutant`] on any accounts (a real provider against an emulator).
+pub fn spawn_on(
+    client: kube::Client,
+    providers: Arc<ProviderSet>,
+    identity: &str,
+    config: ControllerConfig,
+    planner: PlannerSettings,
+    dry_run: bool,
+    mutant: gpuscale::controller::gate::Mutant,
+) -> Replica {
     let recorder = Arc::new(Recorder::default());
     let options = ControllerOptions {
         config,

@@ -10,7 +10,7 @@ use crate::controller::drain::{self, DrainOutcome};
 use crate::controller::snapshot::ClusterView;
 use crate::controller::status::split_pod;
 use crate::controller::{gate, provisioning, readiness};
-use crate::model::{ErrorClass, NodeGroup};
+use crate::model::{ErrorClass, NodeGroup, NoticeKind};
 use crate::planner::cluster::group_of;
 use crate::planner::decide::Command;
 use crate::planner::Plan;
@@ -173,11 +173,13 @@ impl Controller {
                 self.actuator.clear_replacing(&node).await?;
                 view.replacing.remove(&node);
             }
-            Command::DrainNode { node, reason } => self.drain_node(node, reason, view, groups, now).await?,
+            Command::DrainNode { node, reason } => {
+                self.drain_node(node, reason, None, view, groups, now).await?
+            }
             Command::InterruptNode { node, kind, grace_cap_seconds, reason } => {
                 tracing::warn!(%node, notice = kind.name(), ?grace_cap_seconds, %reason, "interruption notice: cordoning and draining");
-                state.interrupted.insert(node.clone(), grace_cap_seconds);
-                self.drain_node(node, reason, view, groups, now).await?
+                state.interrupted.insert(node.clone(), (kind, grace_cap_seconds));
+                self.drain_node(node, reason, Some(kind), view, groups, now).await?
             }
             Command::BackOffGroup { group, reason, .. } => {
                 if let Some(provider) = self.providers.provider_of(&group) {
@@ -228,11 +230,13 @@ impl Controller {
         Ok(Continue(()))
     }
 
-    /// Starts draining `node` (cordon and mark it) if [`gate::may_drain`] allows.
+    /// Starts draining `node` (cordon and mark it) if [`gate::may_drain`] allows, or for a node
+    /// under a `notice`, [`gate::may_drain_noticed`].
     async fn drain_node(
         &self,
         node: String,
         reason: String,
+        notice: Option<NoticeKind>,
         view: &mut ClusterView,
         groups: &[NodeGroup],
         now: Timestamp,
@@ -250,7 +254,11 @@ impl Controller {
             return Ok(());
         }
         let in_progress = gate::InProgress::of(view.drains.keys(), &view.snapshot.nodes, groups);
-        if let Err(why) = gate::may_drain(n, groups, &in_progress, &self.options.config) {
+        let allowed = match notice {
+            Some(kind) => gate::may_drain_noticed(n, kind, groups, &in_progress, &self.options.config),
+            None => gate::may_drain(n, groups, &in_progress, &self.options.config),
+        };
+        if let Err(why) = allowed {
             tracing::info!(%node, %reason, refused = %why, "not draining the node");
             return Ok(());
         }
@@ -277,8 +285,9 @@ impl Controller {
         let Some(marks) = view.drains.get(node).cloned() else { return Ok(Continue(())) };
         let pods = view.pods_by_node.get(node).cloned().unwrap_or_default();
         // A node under an interruption notice is drained whatever the plan says: it is going.
-        let cap = state.interrupted.get(node).copied();
-        let wanted = wanted || cap.is_some();
+        let notice = state.interrupted.get(node).copied();
+        let cap = notice.and_then(|(_, cap)| cap);
+        let wanted = wanted || notice.is_some();
         let step = drain::step(&marks, wanted, &pods, cfg, now);
         for (pod, reason) in &step.blocked {
             self.observer.eviction_blocked(pod, node, reason);
@@ -290,7 +299,7 @@ impl Controller {
             if !self.leading() {
                 return Ok(Break(()));
             }
-            let grace = eviction_grace(view, node, id, cfg).min(cap.flatten().unwrap_or(u32::MAX));
+            let grace = eviction_grace(view, node, id, cfg).min(cap.unwrap_or(u32::MAX));
             self.evict_once(id, node, grace, state, |e| match e {
                 Eviction::Evicted => tracing::info!(pod = %id, %node, "evicted"),
                 Eviction::Refused(message) => self.observer.eviction_blocked(
@@ -315,7 +324,10 @@ impl Controller {
                     self.observer.drain_abandoned(node, group, &reason);
                 }
             }
-            DrainOutcome::Finish => self.finish(node, view, groups).await?,
+            DrainOutcome::Finish => {
+                let leaving = notice.is_some_and(|(kind, _)| kind.is_involuntary());
+                self.finish(node, leaving, view, groups).await?
+            }
         }
         Ok(Continue(()))
     }
@@ -410,10 +422,12 @@ impl Controller {
         }
     }
 
-    /// Deletes a drained node's instance from its group, then the Node.
+    /// Deletes a drained node's instance from its group, then the Node. A `reclaimed` node (under
+    /// an involuntary notice) that the gate may not terminate is left to the cloud, cordoned.
     async fn finish(
         &self,
         node: &str,
+        reclaimed: bool,
         view: &ClusterView,
         groups: &[NodeGroup],
     ) -> Result<(), ControllerError> {
@@ -433,6 +447,12 @@ impl Controller {
         let in_progress = gate::InProgress::of(others, &view.snapshot.nodes, groups);
         let group = match gate::may_terminate(n, pods, groups, &in_progress) {
             Ok(g) => &groups[g],
+            // A node the cloud is taking anyway stays cordoned and empty until it does: given
+            // back, pods would be scheduled onto it just before it goes.
+            Err(why) if reclaimed => {
+                tracing::info!(node, refused = %why, "not terminating the drained noticed node; the cloud takes it");
+                return Ok(());
+            }
             Err(why) => {
                 tracing::warn!(node, refused = %why, "not removing the drained node; giving it back");
                 self.actuator.abort_drain(node).await?;

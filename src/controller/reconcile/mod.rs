@@ -26,6 +26,7 @@ use super::readiness;
 use super::snapshot;
 use super::Observer;
 use crate::k8s::SnapshotError;
+use crate::model::NoticeKind;
 use crate::planner::decide::{self as step, Observed};
 use crate::planner::interruption::{self, InterruptionSettings, InterruptionState};
 use crate::planner::{PlacementHints, PlannerSettings};
@@ -34,6 +35,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 use kube::Client;
 use observe::{Pass, Stores};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -142,9 +144,10 @@ struct LoopState {
     /// This pass's raises: targets set, and groups whose raise failed for capacity (the pass
     /// re-plans without them, [`Controller::fall_back`]).
     raises: PassRaises,
-    /// Nodes drained for an interruption notice, with the grace cap that fits its window. Lost
-    /// on restart: the drain marks on the Node keep the drain going, with the configured cap.
-    interrupted: BTreeMap<String, Option<u32>>,
+    /// Nodes drained for an interruption notice: the notice's kind and the grace cap that fits
+    /// its window. Rebuilt each pass from the notices of draining nodes, so a restarted
+    /// controller keeps draining them too.
+    interrupted: BTreeMap<String, (NoticeKind, Option<u32>)>,
     /// The interruption step's memory (notices acted on).
     interruption: InterruptionState,
 }
@@ -427,7 +430,8 @@ impl Controller {
         Ok(busy)
     }
 
-    /// The interruption step ([`interruption::react`]) on the notices the Nodes' taints carry:
+    /// The interruption step ([`interruption::react`]) on the notices of the accounts'
+    /// interruption queues and of the Nodes' taints:
     /// replacements raised, reclaimed pools backed off, noticed nodes cordoned and drained within
     /// their window, before the pass plans (which then counts the replacements as in flight).
     /// A node whose drain is already marked is not acted on again, so a restarted controller or a
@@ -440,34 +444,97 @@ impl Controller {
         now: Timestamp,
     ) -> Result<bool, ControllerError> {
         state.interrupted.retain(|n, _| view.drains.contains_key(n));
-        let notices = interruption::notices_from_taints(&view.snapshot.nodes, now.as_second());
+        let queued = self.providers.receive_notices().await;
+        let mut notices = interruption::notices_from_taints(&view.snapshot.nodes, now.as_second());
+        notices.extend(queued.iter().flat_map(|(_, d)| d.notices.iter().cloned()));
         if notices.is_empty() {
+            // Messages with nothing to act on (an instance starting, garbage) are done with.
+            let done: Vec<(usize, String)> = queued.into_iter().map(|(a, d)| (a, d.receipt)).collect();
+            self.providers.acknowledge_notices(&done).await;
             return Ok(false);
         }
+        let settings = InterruptionSettings::default();
+        // A node the cloud takes that is already draining (marked by this process or the one
+        // before a restart) is drained as noticed: whatever the plan says, with its grace capped.
+        for notice in &notices {
+            let node = view
+                .snapshot
+                .nodes
+                .iter()
+                .find(|n| n.provider_id.as_deref().is_some_and(|p| notice.is_for(p)));
+            if let Some(n) =
+                node.filter(|n| notice.kind.is_involuntary() && view.drains.contains_key(&n.name))
+            {
+                let cap = interruption::grace_cap(notice, now.as_second(), &settings);
+                state.interrupted.entry(n.name.clone()).or_insert((notice.kind, cap));
+            }
+        }
+        let (commands, next) = self.notice_commands(&notices, view, groups, state, now, &settings);
+        state.interruption = next;
+        let acted = !commands.is_empty();
+        if acted {
+            self.execute(commands, view, groups, state, now).await?;
+            for g in groups.iter_mut() {
+                if let Some(&to) = state.raises.raised.get(&g.id) {
+                    g.target_size = g.target_size.max(to);
+                }
+            }
+        }
+        // A queue message is deleted once every notice in it is handled (acted on, or found to
+        // need nothing), after the acts: a crash before leaves it to come back, and the node's
+        // drain mark makes it handled then. A notice for a node that may not be drained yet
+        // stays in the queue and comes back after the queue's visibility timeout.
+        let done: Vec<(usize, String)> = queued
+            .into_iter()
+            .filter(|(_, d)| d.notices.iter().all(|n| state.interruption.handled.contains_key(&n.instance)))
+            .map(|(a, d)| (a, d.receipt))
+            .collect();
+        if self.leading() {
+            self.providers.acknowledge_notices(&done).await;
+        }
+        Ok(acted)
+    }
+
+    /// [`interruption::react`] with the gate's answer for each noticed node.
+    fn notice_commands(
+        &self,
+        notices: &[crate::model::Notice],
+        view: &snapshot::ClusterView,
+        groups: &[crate::model::NodeGroup],
+        state: &LoopState,
+        now: Timestamp,
+        settings: &InterruptionSettings,
+    ) -> (Vec<step::Command>, InterruptionState) {
         let handled: BTreeSet<String> = view.drains.keys().cloned().collect();
+        // The gate's answer for each node in the order the step asks, counting the drains it
+        // will start, so that a node the step replaces is one whose drain then starts.
+        let in_progress =
+            RefCell::new(gate::InProgress::of(view.drains.keys(), &view.snapshot.nodes, groups));
+        let drainable = |n: &crate::model::Node, kind: NoticeKind| {
+            let mut in_progress = in_progress.borrow_mut();
+            match gate::may_drain_noticed(n, kind, groups, &in_progress, &self.options.config) {
+                Ok(g) => {
+                    in_progress.add(Some(&groups[g].id));
+                    true
+                }
+                Err(why) => {
+                    tracing::debug!(node = %n.name, refused = %why, "not draining the noticed node");
+                    false
+                }
+            }
+        };
         let unavailable = self.providers.unavailable(groups);
         let gangs = state.gangs_in_flight.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let observed = Observed { snapshot: &view.snapshot, groups, gangs_in_flight: &gangs };
-        let (commands, next) = interruption::react(
-            &notices,
+        interruption::react(
+            notices,
             &state.interruption,
             observed,
-            &handled,
+            interruption::NodeReach { handled: &handled, drainable: &drainable },
             &unavailable,
             now.as_second(),
-            &InterruptionSettings::default(),
-        );
-        state.interruption = next;
-        if commands.is_empty() {
-            return Ok(false);
-        }
-        self.execute(commands, view, groups, state, now).await?;
-        for g in groups.iter_mut() {
-            if let Some(&to) = state.raises.raised.get(&g.id) {
-                g.target_size = g.target_size.max(to);
-            }
-        }
-        Ok(true)
+            settings,
+        )
     }
 
     /// Capacity fallback within the pass: when a raise failed for lack of capacity, plans again

@@ -8,7 +8,9 @@
 //! in the pure [`mapping`] and [`error`] modules; this file only calls the APIs.
 
 pub mod error;
+pub mod events;
 pub mod mapping;
+pub mod queue;
 
 use crate::model::{CapacityType, ErrorClass, MicroDollarsPerHour, NodeGroup};
 use crate::providers::{CloudProvider, ProviderError};
@@ -19,6 +21,7 @@ use aws_sdk_autoscaling::types::AutoScalingGroup;
 use aws_sdk_ec2::types::InstanceType;
 use aws_smithy_types::DateTime;
 use mapping::{InstanceTypeFacts, TemplateRef};
+use queue::InterruptionQueue;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -59,6 +62,9 @@ pub struct AwsSettings {
     /// where every attempt passes the account's rate limiter.
     #[serde(default = "default_timeout_secs")]
     pub operation_timeout_secs: u64,
+    /// The interruption queue (an SQS queue name or URL), if the account has one.
+    #[serde(default)]
+    pub interruption_queue: Option<String>,
     /// Fixed credentials that bypass the default chain. Only for tests against emulators;
     /// never read from config files.
     #[serde(skip)]
@@ -83,6 +89,7 @@ impl AwsSettings {
             discovery_tags: BTreeMap::from([("k8s.io/cluster-autoscaler/enabled".to_owned(), String::new())]),
             name_prefix: None,
             operation_timeout_secs: default_timeout_secs(),
+            interruption_queue: None,
             static_credentials_for_tests: None,
         }
     }
@@ -105,6 +112,7 @@ impl AwsSettings {
             s.external_id = c.external_id.clone();
         }
         s.endpoint_url = a.endpoint_url.clone();
+        s.interruption_queue = a.interruption_queue.clone();
         if let Some(d) = &a.discovery {
             if !d.tags.is_empty() {
                 s.discovery_tags = d.tags.clone();
@@ -128,6 +136,7 @@ impl fmt::Debug for AwsSettings {
             .field("discovery_tags", &self.discovery_tags)
             .field("name_prefix", &self.name_prefix)
             .field("operation_timeout_secs", &self.operation_timeout_secs)
+            .field("interruption_queue", &self.interruption_queue)
             .field(
                 "static_credentials_for_tests",
                 &self.static_credentials_for_tests.as_ref().map(|_| "<set>"),
@@ -253,6 +262,7 @@ pub struct AwsProvider {
     settings: AwsSettings,
     asg: aws_sdk_autoscaling::Client,
     ec2: aws_sdk_ec2::Client,
+    queue: Option<InterruptionQueue>,
 }
 
 /// Launch template facts: instance type and whether it asks for spot.
@@ -308,6 +318,10 @@ impl AwsProvider {
         Ok(Self {
             asg: aws_sdk_autoscaling::Client::new(&config),
             ec2: aws_sdk_ec2::Client::new(&config),
+            queue: settings
+                .interruption_queue
+                .as_deref()
+                .map(|q| InterruptionQueue::new(&config, &settings.account, q)),
             settings,
         })
     }
@@ -638,6 +652,20 @@ impl AwsProvider {
 impl CloudProvider for AwsProvider {
     fn account(&self) -> &str {
         &self.settings.account
+    }
+
+    async fn receive_notices(&self) -> Result<Vec<crate::providers::Delivery>, ProviderError> {
+        match &self.queue {
+            Some(q) => q.receive().await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn acknowledge_notices(&self, receipts: &[String]) -> Result<(), ProviderError> {
+        match &self.queue {
+            Some(q) => q.delete(receipts).await,
+            None => Ok(()),
+        }
     }
 
     async fn refresh(&self) -> Result<Vec<NodeGroup>, ProviderError> {
