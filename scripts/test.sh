@@ -54,6 +54,12 @@ GPUSCALE_KUEUE_BIN="$(scripts/kueue.sh)" || { echo "test.sh: Kueue could not be 
 export GPUSCALE_KUEUE_BIN
 echo "test.sh: Kueue at $GPUSCALE_KUEUE_BIN" >&2
 
+# AWS's instance metadata simulator for the agent's interruption-notice test
+# (tests/agent_annotate.rs), built from the Go module proxy and cached under target/aemm/.
+GPUSCALE_AEMM_BIN="$(scripts/aemm.sh)" || { echo "test.sh: ec2-metadata-mock could not be built" >&2; exit 1; }
+export GPUSCALE_AEMM_BIN
+echo "test.sh: ec2-metadata-mock at $GPUSCALE_AEMM_BIN" >&2
+
 # The container image test (scripts/test-image.sh) assembles the image with Debian's umoci and
 # skopeo; where they cannot be installed it is skipped with a loud message.
 for tool in umoci skopeo jq curl; do

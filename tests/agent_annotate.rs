@@ -86,6 +86,7 @@ async fn the_agent_loop_writes_only_material_changes() {
         node_name: Some("gpu-node-2".into()),
         idle_threshold_pct: 5,
         publish: PublishPolicy { refresh_secs: 3600, min_gap_secs: 0 },
+        interruptions: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(agent::run(
@@ -116,4 +117,113 @@ async fn the_agent_loop_writes_only_material_changes() {
         .collect();
     assert_eq!(utils, vec![Some(80), Some(10)], "one write per material change");
     assert_eq!(published(&server, "gpu-node-2").unwrap().gpus[0].utilization_pct, Some(10));
+}
+
+/// ec2-metadata-mock, AWS's IMDS simulator: `GPUSCALE_AEMM_BIN` (scripts/test.sh builds it), else
+/// built now with `scripts/aemm.sh`; the test fails loudly when neither works.
+fn aemm_bin() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("GPUSCALE_AEMM_BIN") {
+        return p.into();
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/aemm.sh");
+    let out = std::process::Command::new("bash").arg(&script).output().expect("running scripts/aemm.sh");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success() && !path.is_empty(),
+        "ec2-metadata-mock is needed and could not be built: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path.into()
+}
+
+/// A child process killed when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The agent's watch of the instance metadata service, against AWS's own simulator serving
+/// IMDSv2 only, which announces a rebalance recommendation at once and the spot interruption 10 s
+/// later: the node is tainted `gpuscale.io/interruption=rebalance`, then `=spot-interruption`
+/// (what the controller reacts to), one write per kind, its other taints kept, with only
+/// requests the agent's RBAC allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
+    use gpuscale::agent::{self, AgentOptions, InterruptionWatch, MemorySource, PublishPolicy};
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let _aemm = Killed(
+        std::process::Command::new(aemm_bin())
+            .args(["-n", "127.0.0.1", "-p", &port.to_string(), "-I", "spot", "-d", "10"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting ec2-metadata-mock"),
+    );
+    let started = Instant::now();
+    let server = FakeApiServer::start().await;
+    let mut n = node("gpu-node-3");
+    n["spec"] = json!({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]});
+    server.create(n);
+    let options = AgentOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        interval: Duration::from_secs(3600),
+        node_name: Some("gpu-node-3".into()),
+        idle_threshold_pct: 5,
+        publish: PublishPolicy { refresh_secs: 3600, min_gap_secs: 3600 },
+        interruptions: Some(InterruptionWatch {
+            imds_endpoint: endpoint,
+            interval: Duration::from_millis(200),
+        }),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(agent::run(
+        options,
+        Box::new(MemorySource::new([gpu(80, None)])),
+        Some(server.replica_client(REPLICA)),
+        async move {
+            let _ = stop_rx.await;
+        },
+        None,
+    ));
+    let taints = |s: &FakeApiServer| s.get("nodes", "", "gpu-node-3").unwrap()["spec"]["taints"].clone();
+    let marked = |s: &FakeApiServer| {
+        taints(s)
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| t["key"] == "gpuscale.io/interruption")
+            .map(|t| t["value"].as_str().unwrap_or_default().to_string())
+    };
+    let wait_for = |value: &'static str| {
+        let server = &server;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while marked(server).as_deref() != Some(value) {
+                assert!(Instant::now() < deadline, "no {value} taint in 30 s: {}", taints(server));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_for("rebalance").await;
+    assert!(started.elapsed() < Duration::from_secs(10), "the spot notice was not out yet");
+    wait_for("spot-interruption").await;
+    // More reads of the same notice: no more writes.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), task).await.expect("agent stopped").unwrap().unwrap();
+    assert_eq!(
+        taints(&server),
+        json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "gpuscale.io/interruption", "value": "spot-interruption", "effect": "NoSchedule"}
+        ])
+    );
+    let writes: Vec<_> = agent_writes(&server).into_iter().filter(|r| r.body.contains("taints")).collect();
+    assert_eq!(writes.len(), 2, "one per kind: {writes:?}");
 }

@@ -44,6 +44,7 @@ async fn in_memory_source_metrics_over_http() {
         node_name: None,
         idle_threshold_pct: 50,
         publish: PublishPolicy::default(),
+        interruptions: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();

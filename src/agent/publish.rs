@@ -1,7 +1,8 @@
 //! Publishing telemetry as the node annotation: when to write (pure) and the write itself.
 
-use crate::model::{NodeTelemetry, TELEMETRY_ANNOTATION};
-use k8s_openapi::api::core::v1::Node;
+use crate::model::{NodeTelemetry, NoticeKind, TELEMETRY_ANNOTATION};
+use crate::planner::interruption::INTERRUPTION_TAINT;
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
 
 /// When the agent writes the annotation.
@@ -74,6 +75,36 @@ impl NodeAnnotator {
     pub async fn publish(&self, t: &NodeTelemetry) -> Result<(), kube::Error> {
         let params = PatchParams::default();
         self.api.patch(&self.node, &params, &Patch::Merge(Self::patch_body(t))).await.map(|_| ())
+    }
+}
+
+impl NodeAnnotator {
+    /// Puts the `gpuscale.io/interruption=<kind>:NoSchedule` taint on the node (replacing one of
+    /// another kind, keeping every other taint), with a merge patch of the taint list guarded
+    /// by the resourceVersion it was read at: a concurrent change of the node makes it fail
+    /// (409) rather than drop someone else's taint, and the caller tries again. Returns whether
+    /// it wrote (nothing when the taint already says `kind`).
+    pub async fn mark_interruption(&self, kind: NoticeKind) -> Result<bool, kube::Error> {
+        let value =
+            serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        let node = self.api.get(&self.node).await?;
+        let mut taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        if taints.iter().any(|t| t.key == INTERRUPTION_TAINT && t.value.as_deref() == Some(&value)) {
+            return Ok(false);
+        }
+        taints.retain(|t| t.key != INTERRUPTION_TAINT);
+        taints.push(Taint {
+            key: INTERRUPTION_TAINT.into(),
+            value: Some(value),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": node.metadata.resource_version },
+            "spec": { "taints": taints },
+        });
+        self.api.patch(&self.node, &PatchParams::default(), &Patch::Merge(patch)).await?;
+        Ok(true)
     }
 }
 

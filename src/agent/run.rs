@@ -1,9 +1,10 @@
 //! The agent's main loop: sample, track idleness, update metrics, publish; serve HTTP meanwhile.
 
+use super::imds::{self, Imds};
 use super::metrics::AgentMetrics;
 use super::publish::{NodeAnnotator, PublishPolicy, PublishState};
 use super::source::{SourceError, TelemetrySource};
-use crate::model::IdleTracker;
+use crate::model::{IdleTracker, NoticeKind};
 use axum::http::header::CONTENT_TYPE;
 use axum::routing::get;
 use axum::Router;
@@ -26,6 +27,17 @@ pub struct AgentOptions {
     pub idle_threshold_pct: u8,
     /// When to write the node annotation.
     pub publish: PublishPolicy,
+    /// Where to read interruption notices (the EC2 metadata service); `None`: not watched.
+    pub interruptions: Option<InterruptionWatch>,
+}
+
+/// The agent's watch of the instance metadata service for interruption notices.
+#[derive(Debug, Clone)]
+pub struct InterruptionWatch {
+    /// host:port of IMDS ([`imds::DEFAULT_ENDPOINT`] on EC2).
+    pub imds_endpoint: String,
+    /// Time between reads (AWS Node Termination Handler reads every 2 s).
+    pub interval: Duration,
 }
 
 /// Why the agent stopped with an error.
@@ -97,6 +109,10 @@ pub async fn run(
             .await
     });
 
+    let watcher = options.interruptions.clone().zip(options.node_name.clone()).map(|(w, node)| {
+        tracing::info!(imds = %w.imds_endpoint, every = ?w.interval, %node, "watching the instance metadata service for interruption notices");
+        tokio::spawn(watch_interruptions(w, client.clone(), node, stop_rx.clone()))
+    });
     let mut tracker = IdleTracker::new(options.idle_threshold_pct);
     let mut publish = PublishState::default();
     let mut annotator: Option<NodeAnnotator> =
@@ -163,9 +179,73 @@ pub async fn run(
     }
     tracing::info!("gpuscale agent shutting down");
     let _ = stop_tx.send(true);
+    if let Some(w) = watcher {
+        let _ = w.await;
+    }
     match server.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(cause)) => Err(AgentError::Serve { addr, cause }),
         Err(join) => Err(AgentError::Serve { addr, cause: std::io::Error::other(join.to_string()) }),
+    }
+}
+
+/// Reads the metadata service every `interval` and marks the node with the most urgent notice
+/// (the taint the controller reacts to), once per kind; until `stop`. Failures are logged once
+/// per run of failures and retried at the next read.
+async fn watch_interruptions(
+    w: InterruptionWatch,
+    client: Option<kube::Client>,
+    node: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut imds = Imds::new(w.imds_endpoint.clone());
+    let mut marker = client.map(|c| NodeAnnotator::new(c, node.clone()));
+    let mut marked: Option<NoticeKind> = None;
+    let mut failing = false;
+    let mut ticker = tokio::time::interval(w.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = ticker.tick() => {}
+        }
+        let notices = match imds.notices(unix_now() as i64).await {
+            Ok(n) => n,
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "reading interruption notices failed; retrying");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        let Some(kind) = imds::most_urgent(&notices).map(|n| n.kind).filter(|k| marked != Some(*k)) else {
+            failing = false;
+            continue;
+        };
+        if marker.is_none() {
+            crate::tls::install_crypto_provider();
+            marker = kube::Client::try_default().await.ok().map(|c| NodeAnnotator::new(c, node.clone()));
+        }
+        let Some(m) = &marker else {
+            if !failing {
+                tracing::warn!(notice = kind.name(), "no Kubernetes client; the node cannot be marked");
+            }
+            failing = true;
+            continue;
+        };
+        match m.mark_interruption(kind).await {
+            Ok(_) => {
+                tracing::warn!(%node, notice = kind.name(), "interruption notice: node marked");
+                marked = Some(kind);
+                failing = false;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(%node, error = %e, "marking the node failed; retrying");
+                }
+                failing = true;
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use gpuscale::agent::{self, AgentOptions, NvmlSource, PublishPolicy};
+use gpuscale::agent::{self, AgentOptions, InterruptionWatch, NvmlSource, PublishPolicy};
 use gpuscale::model::telemetry::parse_duration;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +39,26 @@ pub struct AgentArgs {
     /// Path of libnvidia-ml (default: the loader's search for `libnvidia-ml.so`).
     #[arg(long)]
     nvml_library: Option<PathBuf>,
+    /// Watch the cloud's instance metadata for interruption notices and taint the node with
+    /// `gpuscale.io/interruption` for the controller: `aws` (IMDSv2: spot instance action,
+    /// rebalance recommendation, scheduled maintenance) or `none`.
+    #[arg(long, value_enum, default_value_t = Interruptions::None)]
+    interruptions: Interruptions,
+    /// IMDS address (host:port).
+    #[arg(long, env = "GPUSCALE_IMDS_ENDPOINT", default_value = agent::imds::DEFAULT_ENDPOINT)]
+    imds_endpoint: String,
+    /// Time between reads of the metadata service.
+    #[arg(long, default_value = "2s", value_parser = parse_secs)]
+    interruptions_every: u64,
+}
+
+/// Which metadata service to watch for interruption notices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Interruptions {
+    /// Not watched (read them from the interruption queue, or another handler's taints).
+    None,
+    /// The EC2 instance metadata service.
+    Aws,
 }
 
 fn parse_secs(text: &str) -> Result<u64, String> {
@@ -61,6 +81,10 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         node_name,
         idle_threshold_pct: args.idle_threshold,
         publish: PublishPolicy { refresh_secs: args.annotate_every, min_gap_secs: args.annotate_min_gap },
+        interruptions: (args.interruptions == Interruptions::Aws).then(|| InterruptionWatch {
+            imds_endpoint: args.imds_endpoint.clone(),
+            interval: Duration::from_secs(args.interruptions_every),
+        }),
     };
     let source = NvmlSource::new(args.nvml_library.map(PathBuf::into_os_string), args.nvml_retry);
     let runtime = tokio::runtime::Builder::new_multi_thread()
