@@ -109,6 +109,14 @@ pub const MAX_CEL_EXPRESSION_BYTES: usize = 10 * 1024;
 /// `maxRecursionDepth` option (default 250), which Kubernetes keeps.
 pub const MAX_CEL_NESTING: usize = 250;
 
+/// Deepest nesting of mappings and lists in a snapshot document: serde_json's own recursion
+/// limit, so a YAML snapshot (transcoded to JSON as it is read) nests as deep as a JSON one may.
+pub const MAX_DOCUMENT_NESTING: usize = 128;
+
+/// What YAML aliases may add to a snapshot beyond twice its size (a few anchors of defaults
+/// reused, as manifests do); a file whose aliases expand past it is refused as a "billion laughs".
+pub const MAX_ALIAS_EXPANSION_SLACK: usize = 1 << 20;
+
 /// Largest provider config file (they are kilobytes).
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 

@@ -20,7 +20,7 @@ pub struct InputLimits {
 pub const DEFAULT_MAX_INPUT_BYTES: u64 = 1 << 30;
 /// The default nesting limit: the recursion limit of the JSON parser; Kubernetes objects,
 /// `managedFields` included, nest about twenty deep.
-pub const DEFAULT_MAX_DEPTH: usize = 128;
+pub const DEFAULT_MAX_DEPTH: usize = crate::limits::MAX_DOCUMENT_NESTING;
 
 impl Default for InputLimits {
     fn default() -> Self {

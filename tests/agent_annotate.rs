@@ -146,37 +146,23 @@ impl Drop for Killed {
     }
 }
 
-/// The agent's watch of the instance metadata service, against AWS's own simulator serving
-/// IMDSv2 only, which announces a rebalance recommendation at once and the spot interruption 10 s
-/// later: the node is tainted `gpuscale.io/interruption=rebalance`, then `=spot-interruption`
-/// (what the controller reacts to), one write per kind, its other taints kept, with only
-/// requests the agent's RBAC allows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
+/// An agent on `node` with no GPU work to publish, watching `cloud`'s metadata server at
+/// `endpoint` for interruption notices; stopped by sending on the returned channel.
+fn start_agent(
+    server: &FakeApiServer,
+    node: &str,
+    cloud: gpuscale::agent::MetadataCloud,
+    endpoint: String,
+) -> (tokio::task::JoinHandle<Result<(), gpuscale::agent::AgentError>>, tokio::sync::oneshot::Sender<()>) {
     use gpuscale::agent::{self, AgentOptions, InterruptionWatch, MemorySource, PublishPolicy};
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let endpoint = format!("127.0.0.1:{port}");
-    let _aemm = Killed(
-        std::process::Command::new(aemm_bin())
-            .args(["-n", "127.0.0.1", "-p", &port.to_string(), "-I", "spot", "-d", "10"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("starting ec2-metadata-mock"),
-    );
-    let started = Instant::now();
-    let server = FakeApiServer::start().await;
-    let mut n = node("gpu-node-3");
-    n["spec"] = json!({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]});
-    server.create(n);
     let options = AgentOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         interval: Duration::from_secs(3600),
-        node_name: Some("gpu-node-3".into()),
+        node_name: Some(node.into()),
         idle_threshold_pct: 5,
         publish: PublishPolicy { refresh_secs: 3600, min_gap_secs: 3600 },
         interruptions: Some(InterruptionWatch {
+            cloud,
             imds_endpoint: endpoint,
             interval: Duration::from_millis(200),
         }),
@@ -191,39 +177,217 @@ async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
         },
         None,
     ));
-    let taints = |s: &FakeApiServer| s.get("nodes", "", "gpu-node-3").unwrap()["spec"]["taints"].clone();
-    let marked = |s: &FakeApiServer| {
-        taints(s)
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|t| t["key"] == "gpuscale.io/interruption")
-            .map(|t| t["value"].as_str().unwrap_or_default().to_string())
-    };
-    let wait_for = |value: &'static str| {
-        let server = &server;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while marked(server).as_deref() != Some(value) {
-                assert!(Instant::now() < deadline, "no {value} taint in 30 s: {}", taints(server));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
-    wait_for("rebalance").await;
+    (task, stop_tx)
+}
+
+/// The value of `node`'s `gpuscale.io/interruption` taint.
+fn interruption_taint(server: &FakeApiServer, node: &str) -> Option<String> {
+    server.get("nodes", "", node).unwrap()["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["key"] == "gpuscale.io/interruption")
+        .map(|t| t["value"].as_str().unwrap_or_default().to_string())
+}
+
+/// Waits up to `limit` for `node`'s interruption taint to say `value`; how long it took.
+async fn taint_within(server: &FakeApiServer, node: &str, value: &str, limit: Duration) -> Duration {
+    let since = Instant::now();
+    while interruption_taint(server, node).as_deref() != Some(value) {
+        assert!(
+            since.elapsed() < limit,
+            "no {value} taint in {limit:?}: {}",
+            server.get("nodes", "", node).unwrap()["spec"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    since.elapsed()
+}
+
+/// Stops the agent and returns its writes of taints.
+async fn stop_agent(
+    server: &FakeApiServer,
+    (task, stop): (
+        tokio::task::JoinHandle<Result<(), gpuscale::agent::AgentError>>,
+        tokio::sync::oneshot::Sender<()>,
+    ),
+) -> Vec<apiserver::RecordedRequest> {
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), task).await.expect("agent stopped").unwrap().unwrap();
+    agent_writes(server).into_iter().filter(|r| r.body.contains("taints")).collect()
+}
+
+/// ec2-metadata-mock serving IMDSv2 only on a free port, with `args` (its mode and timings).
+fn start_aemm(args: &[&str]) -> (Killed, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = std::process::Command::new(aemm_bin())
+        .args(args)
+        .args(["-n", "127.0.0.1", "-p", &port.to_string(), "-I"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting ec2-metadata-mock");
+    (Killed(child), format!("127.0.0.1:{port}"))
+}
+
+/// The agent's watch of the instance metadata service, against AWS's own simulator serving
+/// IMDSv2 only, which announces a rebalance recommendation at once and the spot interruption 10 s
+/// later: the node is tainted `gpuscale.io/interruption=rebalance`, then `=spot-interruption`
+/// (what the controller reacts to), one write per kind, its other taints kept, with only
+/// requests the agent's RBAC allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
+    let (_aemm, endpoint) = start_aemm(&["spot", "-d", "10"]);
+    let started = Instant::now();
+    let server = FakeApiServer::start().await;
+    let mut n = node("gpu-node-3");
+    n["spec"] = json!({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]});
+    server.create(n);
+    let agent = start_agent(&server, "gpu-node-3", gpuscale::agent::MetadataCloud::Aws, endpoint);
+    taint_within(&server, "gpu-node-3", "rebalance", Duration::from_secs(30)).await;
     assert!(started.elapsed() < Duration::from_secs(10), "the spot notice was not out yet");
-    wait_for("spot-interruption").await;
+    taint_within(&server, "gpu-node-3", "spot-interruption", Duration::from_secs(30)).await;
     // More reads of the same notice: no more writes.
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(30), task).await.expect("agent stopped").unwrap().unwrap();
+    let writes = stop_agent(&server, agent).await;
     assert_eq!(
-        taints(&server),
+        server.get("nodes", "", "gpu-node-3").unwrap()["spec"]["taints"],
         json!([
             {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
             {"key": "gpuscale.io/interruption", "value": "spot-interruption", "effect": "NoSchedule"}
         ])
     );
-    let writes: Vec<_> = agent_writes(&server).into_iter().filter(|r| r.body.contains("taints")).collect();
     assert_eq!(writes.len(), 2, "one per kind: {writes:?}");
+}
+
+/// Scheduled maintenance as the simulator serves it (`events`): an active `instance-stop` taints
+/// the node `scheduled-maintenance`; a completed one is no notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_maintenance_in_the_metadata_service_taints_the_node_while_active() {
+    let server = FakeApiServer::start().await;
+    server.create(node("gpu-node-5"));
+    server.create(node("gpu-node-6"));
+    let (_active, endpoint) = start_aemm(&["events", "-o", "instance-stop", "-t", "active"]);
+    let agent = start_agent(&server, "gpu-node-5", gpuscale::agent::MetadataCloud::Aws, endpoint);
+    let (_done, endpoint) = start_aemm(&["events", "-o", "instance-stop", "-t", "completed"]);
+    let other = start_agent(&server, "gpu-node-6", gpuscale::agent::MetadataCloud::Aws, endpoint);
+    taint_within(&server, "gpu-node-5", "scheduled-maintenance", Duration::from_secs(30)).await;
+    // Many reads of the completed event by now (every 200 ms): still nothing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(interruption_taint(&server, "gpu-node-6"), None);
+    stop_agent(&server, other).await;
+    let writes = stop_agent(&server, agent).await;
+    assert_eq!(writes.len(), 1, "{writes:?}");
+}
+
+/// The GCE metadata server, as much of it as the agent reads: the instance directory
+/// (`recursive=true`, camel-cased keys) with an `ETag` per version, `wait_for_change=true` with
+/// `last_etag` and `timeout_sec` answering when the directory changes (at once when the ETag is
+/// already stale), and `Metadata-Flavor: Google` required (403 without it), as Google documents.
+struct GceMetadataStandIn {
+    endpoint: String,
+    /// (version, preempted, maintenanceEvent).
+    state: tokio::sync::watch::Sender<(u64, &'static str, &'static str)>,
+    /// Each request's query.
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl GceMetadataStandIn {
+    async fn start() -> Self {
+        use axum::http::{HeaderMap, StatusCode, Uri};
+        use axum::response::IntoResponse;
+        let (state, _) = tokio::sync::watch::channel((1u64, "FALSE", "NONE"));
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, log) = (state.clone(), requests.clone());
+        let instance = move |headers: HeaderMap, uri: Uri| {
+            let (mut rx, log) = (tx.subscribe(), log.clone());
+            async move {
+                let query = uri.query().unwrap_or_default().to_string();
+                log.lock().unwrap().push(query.clone());
+                if headers.get("Metadata-Flavor").and_then(|v| v.to_str().ok()) != Some("Google") {
+                    return (StatusCode::FORBIDDEN, "Missing Metadata-Flavor:Google header.").into_response();
+                }
+                let param = |k: &str| {
+                    query.split('&').find_map(|kv| {
+                        kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')).map(str::to_string)
+                    })
+                };
+                let etag = |v: u64| format!("{v:016x}");
+                if param("wait_for_change").as_deref() == Some("true") {
+                    let current = etag(rx.borrow_and_update().0);
+                    if param("last_etag").as_deref() == Some(current.as_str()) {
+                        let secs = param("timeout_sec").and_then(|t| t.parse().ok()).unwrap_or(60);
+                        let _ = tokio::time::timeout(Duration::from_secs(secs), rx.changed()).await;
+                    }
+                }
+                let (version, preempted, maintenance) = *rx.borrow();
+                let body = json!({"id": 4521308723406113211u64, "name": "gpu-node-4", "preempted": preempted,
+                    "maintenanceEvent": maintenance, "scheduling": {"preemptible": "TRUE"}});
+                ([("ETag", etag(version)), ("Metadata-Flavor", "Google".into())], body.to_string())
+                    .into_response()
+            }
+        };
+        let app = axum::Router::new().route("/computeMetadata/v1/instance/", axum::routing::get(instance));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self { endpoint, state, requests, _server: server }
+    }
+
+    fn set(&self, preempted: &'static str, maintenance: &'static str) {
+        self.state.send_modify(|s| *s = (s.0 + 1, preempted, maintenance));
+    }
+}
+
+/// `gpuscale agent --interruptions gcp` against a GCE metadata stand-in: it waits on the server's
+/// change notification (no polling while nothing changes), taints the node
+/// `scheduled-maintenance` within a second of a terminating host maintenance being announced and
+/// `spot-interruption` within a second of the preemption, one write per kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gce_preemption_in_the_metadata_server_taints_the_node_at_once() {
+    let gce = GceMetadataStandIn::start().await;
+    let server = FakeApiServer::start().await;
+    server.create(node("gpu-node-4"));
+    let agent = start_agent(&server, "gpu-node-4", gpuscale::agent::MetadataCloud::Gcp, gce.endpoint.clone());
+    // Nothing announced: one read, then a wait on the server, however many intervals pass.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(interruption_taint(&server, "gpu-node-4"), None);
+    let reads = gce.requests.lock().unwrap().clone();
+    assert!(reads.len() <= 3, "the agent polled instead of waiting for a change: {reads:?}");
+    assert!(
+        reads.iter().skip(1).all(|q| q.contains("wait_for_change=true") && q.contains("last_etag=")),
+        "{reads:?}"
+    );
+    gce.set("FALSE", "TERMINATE_ON_HOST_MAINTENANCE");
+    let took = taint_within(&server, "gpu-node-4", "scheduled-maintenance", Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(2), "the maintenance taint took {took:?}");
+    gce.set("TRUE", "TERMINATE_ON_HOST_MAINTENANCE");
+    let took = taint_within(&server, "gpu-node-4", "spot-interruption", Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(2), "the preemption taint took {took:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = stop_agent(&server, agent).await;
+    assert_eq!(writes.len(), 2, "one per kind: {writes:?}");
+    // Without the header the server refuses, as the real one does (the agent always sends it).
+    let refused = get_without_header(&gce.endpoint).await;
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+}
+
+/// A GET of the instance directory without `Metadata-Flavor`, its status line and all.
+async fn get_without_header(endpoint: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(endpoint).await.unwrap();
+    s.write_all(
+        format!(
+            "GET /computeMetadata/v1/instance/ HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }

@@ -594,6 +594,10 @@ fn aws_values_render_irsa_dry_run_and_service_monitor() {
     assert!(anti.required_during_scheduling_ignored_during_execution.is_some(), "hard anti-affinity");
     let args = pod.containers[0].args.clone().unwrap();
     assert_eq!(args[args.len() - 2..], ["--health-staleness-seconds", "600"], "extra args come last");
+    // The agent watches EC2's metadata for interruption notices (its arguments parse: `check`).
+    let agent = r.daemonsets[0].spec.template.spec.as_ref().unwrap();
+    let args = container(agent, "agent").args.clone().unwrap_or_default();
+    assert!(args.windows(2).any(|w| w == ["--interruptions", "aws"]), "{args:?}");
 }
 
 #[test]

@@ -80,13 +80,18 @@ async fn has(c: &KubeCluster, request: &str, kind: &str, status: &str, reason: &
 
 /// Reasons of the Events on the request.
 async fn event_reasons(c: &KubeCluster, request: &str) -> Vec<String> {
+    event_reasons_of(c, "ProvisioningRequest", request).await
+}
+
+/// The reasons of the Events on the object `kind` `name` in namespace `ml`.
+async fn event_reasons_of(c: &KubeCluster, kind: &str, name: &str) -> Vec<String> {
     let events = c.get("/apis/events.k8s.io/v1/namespaces/ml/events").await.unwrap_or_default();
     events["items"]
         .as_array()
         .cloned()
         .unwrap_or_default()
         .iter()
-        .filter(|e| e["regarding"]["kind"] == "ProvisioningRequest" && e["regarding"]["name"] == request)
+        .filter(|e| e["regarding"]["kind"] == kind && e["regarding"]["name"] == name)
         .filter_map(|e| e["reason"].as_str().map(str::to_string))
         .collect()
 }
@@ -220,6 +225,11 @@ async fn a_tenant_s_hostile_objects_are_left_out_and_everyone_else_is_served() {
     let a = c
         .controller("a", fast_config(), PlannerSettings { scale_down: false, ..Default::default() }, false)
         .await;
+    // A pending pod of 5,000 labels: the API server takes it (it bounds each label, not their
+    // count); gpuscale's bound leaves it out, as `plan` refuses it.
+    let mut labelled = pod_json("ml", "labelled", 8, Some("Job"), None);
+    labelled["metadata"]["labels"] = (0..5000).map(|i| (format!("l{i}"), json!("v"))).collect();
+    c.create(labelled).await;
     c.create(pod_json("ml", "trainer", 8, Some("Job"), None)).await;
     c.wait_until(WAIT, "a scale-up for the other tenant's pod", || async {
         !c.set_target_calls().is_empty()
@@ -229,7 +239,15 @@ async fn a_tenant_s_hostile_objects_are_left_out_and_everyone_else_is_served() {
         event_reasons(&c, "huge").await.iter().any(|r| r == "ObjectRefused")
     })
     .await;
-    assert_eq!(c.set_target_calls(), vec![(0, 1)], "one node for the trainer, none for the request");
+    c.wait_until(WAIT, "an ObjectRefused Event on the pod of 5,000 labels", || async {
+        event_reasons_of(&c, "Pod", "labelled").await.iter().any(|r| r == "ObjectRefused")
+    })
+    .await;
+    assert_eq!(
+        c.set_target_calls(),
+        vec![(0, 1)],
+        "one node for the trainer, none for the request or the pod past the label bound"
+    );
     assert!(!has(&c, "huge", "Provisioned", "True", "CapacityIsProvisioned").await);
     a.shutdown().await.unwrap();
     driver.abort();

@@ -24,8 +24,9 @@ const REBALANCE: &str = "events/recommendations/rebalance";
 const SCHEDULED: &str = "events/maintenance/scheduled";
 /// How long a session token lives (IMDS allows up to six hours).
 const TOKEN_TTL_SECONDS: u64 = 21_600;
-/// IMDS bodies are small; anything larger is not IMDS.
-const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Metadata answers are small (GCE's custom metadata totals at most 512 KiB); anything larger is
+/// not a metadata server.
+const MAX_BODY_BYTES: usize = 1 << 20;
 
 /// A failed read of the metadata service.
 #[derive(Debug, Error)]
@@ -187,43 +188,60 @@ impl Imds {
         Ok(body)
     }
 
-    /// One HTTP/1.1 request on a fresh connection (IMDS is link-local: a connection costs
-    /// nothing, and none is left half-used after a timeout).
     async fn call(
         &self,
         method: Method,
         path: &str,
         header: (&str, &str),
     ) -> Result<(StatusCode, String), ImdsError> {
-        let unreachable =
-            |message: String| ImdsError::Unreachable { endpoint: self.endpoint.clone(), message };
-        let exchange = async {
-            let stream = tokio::net::TcpStream::connect(&self.endpoint)
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-            let driver = tokio::spawn(conn);
-            let request = Request::builder()
-                .method(method)
-                .uri(path)
-                .header(hyper::header::HOST, &self.endpoint)
-                .header(header.0, header.1)
-                .body(Empty::<Bytes>::new())
-                .map_err(|e| unreachable(e.to_string()))?;
-            let response = sender.send_request(request).await.map_err(|e| unreachable(e.to_string()))?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await
-                .map_err(|e| invalid(path, e))?
-                .to_bytes();
-            driver.abort();
-            Ok((status, String::from_utf8_lossy(&body).into_owned()))
-        };
-        tokio::time::timeout(self.timeout, exchange).await.map_err(|_| unreachable("timed out".into()))?
+        let answer = call(&self.endpoint, self.timeout, method, path, &[header]).await?;
+        Ok((answer.status, answer.body))
     }
+}
+
+/// A metadata server's answer.
+pub(super) struct Answer {
+    pub status: StatusCode,
+    pub body: String,
+    /// Its `ETag` header (GCE's change notification waits on it).
+    pub etag: Option<String>,
+}
+
+/// One HTTP/1.1 request to the metadata server at `endpoint` on a fresh connection (it is
+/// link-local: a connection costs nothing, and none is left half-used after a timeout).
+pub(super) async fn call(
+    endpoint: &str,
+    timeout: Duration,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Answer, ImdsError> {
+    let unreachable = |message: String| ImdsError::Unreachable { endpoint: endpoint.to_string(), message };
+    let exchange = async {
+        let stream =
+            tokio::net::TcpStream::connect(endpoint).await.map_err(|e| unreachable(e.to_string()))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let driver = tokio::spawn(conn);
+        let mut request = Request::builder().method(method).uri(path).header(hyper::header::HOST, endpoint);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Empty::<Bytes>::new()).map_err(|e| unreachable(e.to_string()))?;
+        let response = sender.send_request(request).await.map_err(|e| unreachable(e.to_string()))?;
+        let status = response.status();
+        let etag =
+            response.headers().get(hyper::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+            .map_err(|e| invalid(path, e))?
+            .to_bytes();
+        driver.abort();
+        Ok(Answer { status, body: String::from_utf8_lossy(&body).into_owned(), etag })
+    };
+    tokio::time::timeout(timeout, exchange).await.map_err(|_| unreachable("timed out".into()))?
 }
 
 #[cfg(test)]

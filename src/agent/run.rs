@@ -1,5 +1,6 @@
 //! The agent's main loop: sample, track idleness, update metrics, publish; serve HTTP meanwhile.
 
+use super::gce_metadata::GceMetadata;
 use super::imds::{self, Imds};
 use super::metrics::AgentMetrics;
 use super::publish::{NodeAnnotator, PublishPolicy, PublishState};
@@ -34,10 +35,49 @@ pub struct AgentOptions {
 /// The agent's watch of the instance metadata service for interruption notices.
 #[derive(Debug, Clone)]
 pub struct InterruptionWatch {
-    /// host:port of IMDS ([`imds::DEFAULT_ENDPOINT`] on EC2).
+    /// Whose metadata server it is.
+    pub cloud: MetadataCloud,
+    /// host:port of the metadata server (169.254.169.254:80 on EC2 and GCE).
     pub imds_endpoint: String,
-    /// Time between reads (AWS Node Termination Handler reads every 2 s).
+    /// Time between reads of IMDS (AWS Node Termination Handler reads every 2 s); on GCE, the
+    /// time before a read again after a failed one (reads there wait for a change).
     pub interval: Duration,
+}
+
+/// Which cloud's metadata server the agent reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataCloud {
+    /// EC2's IMDSv2, read every interval.
+    Aws,
+    /// GCE's metadata server, waited on for changes.
+    Gcp,
+}
+
+/// A metadata server, read for notices.
+enum NoticeSource {
+    Aws(Imds),
+    Gcp(GceMetadata),
+}
+
+impl NoticeSource {
+    fn new(w: &InterruptionWatch) -> Self {
+        match w.cloud {
+            MetadataCloud::Aws => Self::Aws(Imds::new(w.imds_endpoint.clone())),
+            MetadataCloud::Gcp => Self::Gcp(GceMetadata::new(w.imds_endpoint.clone())),
+        }
+    }
+
+    /// Whether a read returns at once (so reads are paced by the interval).
+    fn polled(&self) -> bool {
+        matches!(self, Self::Aws(_))
+    }
+
+    async fn notices(&mut self) -> Result<Vec<crate::model::Notice>, imds::ImdsError> {
+        match self {
+            Self::Aws(i) => i.notices(unix_now() as i64).await,
+            Self::Gcp(g) => g.notices(|| unix_now() as i64).await,
+        }
+    }
 }
 
 /// Why the agent stopped with an error.
@@ -110,7 +150,7 @@ pub async fn run(
     });
 
     let watcher = options.interruptions.clone().zip(options.node_name.clone()).map(|(w, node)| {
-        tracing::info!(imds = %w.imds_endpoint, every = ?w.interval, %node, "watching the instance metadata service for interruption notices");
+        tracing::info!(cloud = ?w.cloud, endpoint = %w.imds_endpoint, every = ?w.interval, %node, "watching the instance metadata service for interruption notices");
         tokio::spawn(watch_interruptions(w, client.clone(), node, stop_rx.clone()))
     });
     let mut tracker = IdleTracker::new(options.idle_threshold_pct);
@@ -189,27 +229,33 @@ pub async fn run(
     }
 }
 
-/// Reads the metadata service every `interval` and marks the node with the most urgent notice
-/// (the taint the controller reacts to), once per kind; until `stop`. Failures are logged once
-/// per run of failures and retried at the next read.
+/// Reads the metadata service (every `interval` on EC2, on each change on GCE) and marks the node
+/// with the most urgent notice (the taint the controller reacts to), once per kind; until
+/// `stop`. Failures are logged once per run of failures and retried after `interval`.
 async fn watch_interruptions(
     w: InterruptionWatch,
     client: Option<kube::Client>,
     node: String,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut imds = Imds::new(w.imds_endpoint.clone());
+    let mut source = NoticeSource::new(&w);
     let mut marker = client.map(|c| NodeAnnotator::new(c, node.clone()));
     let mut marked: Option<NoticeKind> = None;
     let mut failing = false;
     let mut ticker = tokio::time::interval(w.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            _ = ticker.tick() => {}
+        if source.polled() || failing {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                _ = ticker.tick() => {}
+            }
         }
-        let notices = match imds.notices(unix_now() as i64).await {
+        let read = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            read = source.notices() => read,
+        };
+        let notices = match read {
             Ok(n) => n,
             Err(e) => {
                 if !failing {

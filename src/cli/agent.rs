@@ -41,13 +41,15 @@ pub struct AgentArgs {
     nvml_library: Option<PathBuf>,
     /// Watch the cloud's instance metadata for interruption notices and taint the node with
     /// `gpuscale.io/interruption` for the controller: `aws` (IMDSv2: spot instance action,
-    /// rebalance recommendation, scheduled maintenance) or `none`.
+    /// rebalance recommendation, scheduled maintenance), `gcp` (the metadata server's
+    /// `instance/preempted` and `instance/maintenance-event`, waited on for changes) or `none`.
     #[arg(long, value_enum, default_value_t = Interruptions::None)]
     interruptions: Interruptions,
-    /// IMDS address (host:port).
-    #[arg(long, env = "GPUSCALE_IMDS_ENDPOINT", default_value = agent::imds::DEFAULT_ENDPOINT)]
+    /// The metadata server's address (host:port), EC2's IMDS or GCE's metadata server.
+    #[arg(long, alias = "metadata-endpoint", env = "GPUSCALE_IMDS_ENDPOINT", default_value = agent::imds::DEFAULT_ENDPOINT)]
     imds_endpoint: String,
-    /// Time between reads of the metadata service.
+    /// Time between reads of EC2's metadata service (GCE's is waited on; this is the pause after
+    /// a failed read there).
     #[arg(long, default_value = "2s", value_parser = parse_secs)]
     interruptions_every: u64,
 }
@@ -59,6 +61,8 @@ enum Interruptions {
     None,
     /// The EC2 instance metadata service.
     Aws,
+    /// The GCE metadata server.
+    Gcp,
 }
 
 fn parse_secs(text: &str) -> Result<u64, String> {
@@ -81,7 +85,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         node_name,
         idle_threshold_pct: args.idle_threshold,
         publish: PublishPolicy { refresh_secs: args.annotate_every, min_gap_secs: args.annotate_min_gap },
-        interruptions: (args.interruptions == Interruptions::Aws).then(|| InterruptionWatch {
+        interruptions: match args.interruptions {
+            Interruptions::None => None,
+            Interruptions::Aws => Some(agent::MetadataCloud::Aws),
+            Interruptions::Gcp => Some(agent::MetadataCloud::Gcp),
+        }
+        .map(|cloud| InterruptionWatch {
+            cloud,
             imds_endpoint: args.imds_endpoint.clone(),
             interval: Duration::from_secs(args.interruptions_every),
         }),

@@ -41,6 +41,8 @@ pub struct ControllerConfig {
     pub gang_timeout_seconds: f64,
     /// Leader election.
     pub lease: LeaseConfig,
+    /// How notices of interruption (spot, rebalance, maintenance) are acted on.
+    pub interruptions: crate::planner::interruption::InterruptionSettings,
 }
 
 /// Running training jobs are not evicted before they have run `minRuntimeSeconds`, unless their
@@ -88,6 +90,7 @@ impl Default for ControllerConfig {
             registration_timeout_seconds: DecideSettings::default().registration_timeout_seconds,
             gang_timeout_seconds: 600.0,
             lease: LeaseConfig::default(),
+            interruptions: Default::default(),
         }
     }
 }
@@ -162,6 +165,9 @@ impl ControllerConfig {
             ("gangTimeoutSeconds", self.gang_timeout_seconds),
             ("lease.renewSeconds", self.lease.renew_seconds),
             ("lease.renewDeadlineSeconds", self.lease.renew_deadline_seconds),
+            ("interruptions.rebalanceMaxPremium", self.interruptions.rebalance_max_premium),
+            ("interruptions.reclaimedBackoffSeconds", self.interruptions.reclaimed_backoff_seconds as f64),
+            ("interruptions.deadlineMarginSeconds", self.interruptions.deadline_margin_seconds as f64),
         ];
         for (field, v) in fields {
             if !v.is_finite() || v < 0.0 {
@@ -246,5 +252,25 @@ mod tests {
         assert_eq!((d.duration_seconds, d.renew_deadline_seconds, d.renew_seconds), (15, 10.0, 2.0));
         let e = GpuscaleConfig::parse(p, "controller:\n  drainGraceCap: 5\n").unwrap_err().to_string();
         assert!(e.contains("drainGraceCap"), "{e}");
+        // The interruption reaction's settings (the same the autoscaling replay uses).
+        let c = GpuscaleConfig::parse(
+            p,
+            "controller:\n  interruptions: {replaceOnRebalance: true, rebalanceMaxPremium: 0.2}\n",
+        )
+        .unwrap();
+        let i = c.controller.interruptions;
+        assert!(i.replace_on_rebalance);
+        assert_eq!(
+            (i.rebalance_max_premium, i.reclaimed_backoff_seconds, i.deadline_margin_seconds),
+            (0.2, 180, 5)
+        );
+        let e = GpuscaleConfig::parse(p, "controller:\n  interruptions: {reclaimedBackoffSeconds: -1}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("controller.interruptions.reclaimedBackoffSeconds = -1"), "{e}");
+        let e = GpuscaleConfig::parse(p, "controller:\n  interruptions: {replaceOnRebalanse: true}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("replaceOnRebalanse"), "{e}");
     }
 }

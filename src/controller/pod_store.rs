@@ -53,6 +53,8 @@ pub struct PodRecord {
     deletion: Option<Deletion>,
     /// `spec.terminationGracePeriodSeconds`.
     grace_seconds: Option<u32>,
+    /// Why a waiting pod is left out of the plan ([`crate::k8s::refuse_waiting_pod`]).
+    pub refused: Option<Box<crate::k8s::RefusedObject>>,
 }
 
 impl PodRecord {
@@ -64,6 +66,7 @@ impl PodRecord {
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds)
             .map(|g| g.clamp(0, u32::MAX as i64) as u32);
+        let refused = crate::k8s::refuse_waiting_pod(&pod).map(Box::new);
         let pod = slim_pod(pod);
         let meta = &pod.metadata;
         let annotations = meta.annotations.as_ref();
@@ -86,6 +89,7 @@ impl PodRecord {
             }),
             conversion: PodConversion::new(pod),
             grace_seconds,
+            refused,
         }
     }
 

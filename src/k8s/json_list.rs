@@ -95,27 +95,53 @@ fn plain_string(text: &str) -> Option<(&str, &str)> {
     (body.as_bytes()[end] == b'"').then(|| (&body[..end], &body[end + 1..]))
 }
 
-/// Converts `text` (the whole of the file `name`) when it is one JSON List of objects; `None`
-/// sends it down the general path.
-pub(super) fn convert(name: &str, text: &str) -> Option<Result<LoadedSnapshot, SnapshotError>> {
-    let list: ListIn<'_> = match serde_json::from_str(text) {
-        Ok(list) => list,
-        Err(e) if e.to_string().starts_with(TOO_MANY) => {
-            return Some(Err(SnapshotError::Invalid {
-                origin: name.to_string(),
-                object: "List".into(),
-                field: "items".into(),
-                value: format!("more than {} items", crate::limits::MAX_LIST_ITEMS),
-                reason: format!(
-                    "at most {} objects in one List (five times the pods of a 5,000-node cluster at 110 pods a node)",
-                    crate::limits::MAX_LIST_ITEMS
-                ),
-            }))
+/// Converts the documents `docs` of the file `name` (JSON text: the file itself, or its YAML
+/// documents transcoded) when each is a List of objects, an object with its `apiVersion` and
+/// `kind`, or empty; `None` sends the file down the general path.
+pub(super) fn convert(name: &str, docs: &[&str]) -> Option<Result<LoadedSnapshot, SnapshotError>> {
+    let names: Vec<String> = (1..=docs.len())
+        .map(|n| if docs.len() > 1 { format!("{name} doc {n}") } else { name.to_string() })
+        .collect();
+    let (mut items, mut saw_list) = (Vec::new(), false);
+    for (doc, file) in docs.iter().zip(&names) {
+        if doc.trim() == "null" {
+            continue;
         }
+        match doc_items(file, doc)? {
+            Ok((mut found, list)) => {
+                items.append(&mut found);
+                saw_list |= list;
+            }
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    if items.is_empty() && !saw_list {
+        // The general path says why there is nothing to read.
+        return None;
+    }
+    match decode_all(&items) {
+        // A duplicate key: kubectl (Go's JSON decoding) keeps the last value, as the general
+        // path's JSON values do; the typed decode here refuses it, so that path reads the file.
+        Err(SnapshotError::Decode { message, .. }) if message.starts_with("duplicate field") => None,
+        decoded => Some(decoded.and_then(convert_decoded)),
+    }
+}
+
+/// The items of one document (named `file` in errors) and whether it is a List; `None` when
+/// it is neither a List of objects nor an object with its `apiVersion` and `kind`.
+fn doc_items<'a>(file: &'a str, doc: &'a str) -> Option<Result<(Vec<Item<'a>>, bool), SnapshotError>> {
+    let list: ListIn<'_> = match serde_json::from_str(doc) {
+        Ok(list) => list,
+        Err(e) if e.to_string().starts_with(TOO_MANY) => return Some(Err(too_many(file))),
         Err(_) => return None,
     };
     let kind = list.kind?;
-    let items = list.items?.0;
+    let Some(items) = list.items else {
+        // A `...List` without items: the general path says whether it is one.
+        let single = Item { file, index: None, api_version: list.api_version?, kind, text: doc };
+        return (!kind.ends_with("List")).then_some(Ok((vec![single], false)));
+    };
+    let items = items.0;
     let item_kind = kind.strip_suffix("List")?;
     // The general path adds a typed List's kind to its items (`PodList` items have none).
     let default_head = (!item_kind.is_empty()).then(|| (list.api_version.unwrap_or(""), item_kind));
@@ -138,35 +164,62 @@ pub(super) fn convert(name: &str, text: &str) -> Option<Result<LoadedSnapshot, S
             }
         })
         .collect::<Option<Vec<_>>>()?;
-    let items: Vec<Item<'_>> = items
+    let items = items
         .into_iter()
         .zip(heads)
         .enumerate()
         .map(|(index, (raw, (api_version, kind)))| Item {
-            file: name,
+            file,
             index: Some(index),
             api_version,
             kind,
             text: raw.get(),
         })
         .collect();
-    match decode_all(&items) {
-        // A duplicate key: kubectl (Go's JSON decoding) keeps the last value, as the general
-        // path's JSON values do; the typed decode here refuses it, so that path reads the file.
-        Err(SnapshotError::Decode { message, .. }) if message.starts_with("duplicate field") => None,
-        decoded => Some(decoded.and_then(convert_decoded)),
+    Some(Ok((items, true)))
+}
+
+/// A List past [`crate::limits::MAX_LIST_ITEMS`].
+fn too_many(origin: &str) -> SnapshotError {
+    SnapshotError::Invalid {
+        origin: origin.to_string(),
+        object: "List".into(),
+        field: "items".into(),
+        value: format!("more than {} items", crate::limits::MAX_LIST_ITEMS),
+        reason: format!(
+            "at most {} objects in one List (five times the pods of a 5,000-node cluster at 110 pods a node)",
+            crate::limits::MAX_LIST_ITEMS
+        ),
     }
 }
 
-/// Checks a file that is one JSON object (not a List) against the bounds of
+/// Checks one JSON document (a file, or a YAML document transcoded) against the bounds of
 /// [`crate::limits`] on its text, before the general path parses it into a JSON value (which
-/// costs many times the text for an object of a million labels).
+/// costs many times the text for an object of a million labels): the object, or each item of a
+/// List. What cannot be read here is left to the general path, which names it.
 pub(super) fn check_single(name: &str, text: &str) -> Result<(), SnapshotError> {
     let Ok(head) = serde_json::from_str::<Head<'_>>(text) else { return Ok(()) };
-    let (Some(api_version), Some(kind), None) = (head.api_version, head.kind, head.items) else {
-        return Ok(());
-    };
-    super::decode::check_bounds(&Item { file: name, index: None, api_version, kind, text })
+    match (head.api_version, head.kind, head.items) {
+        (Some(api_version), Some(kind), None) => {
+            super::decode::check_bounds(&Item { file: name, index: None, api_version, kind, text })
+        }
+        (list_version, Some(list_kind), Some(items)) if list_kind.ends_with("List") => {
+            let Ok(Items(items)) = serde_json::from_str::<Items<'_>>(items.get()) else { return Ok(()) };
+            let item_kind = list_kind.strip_suffix("List").unwrap_or_default();
+            for (index, raw) in items.into_iter().enumerate() {
+                let Ok(item) = serde_json::from_str::<Head<'_>>(raw.get()) else { continue };
+                super::decode::check_bounds(&Item {
+                    file: name,
+                    index: Some(index),
+                    api_version: item.api_version.or(list_version).unwrap_or_default(),
+                    kind: item.kind.unwrap_or(item_kind),
+                    text: raw.get(),
+                })?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// One List item, still text.

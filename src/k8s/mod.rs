@@ -24,6 +24,7 @@ mod slim;
 mod source;
 mod validation;
 mod volume;
+mod yaml_json;
 
 pub use error::SnapshotError;
 pub use incremental::{ConversionCache, ConversionCounts, PodConversion};
@@ -86,14 +87,14 @@ pub fn load_snapshot_with(
 }
 
 /// Converts the text of one snapshot file named `name` (its extension says JSON or YAML, else
-/// its first character): a JSON List takes the fast path, anything else the general one.
+/// its first character; YAML is transcoded to JSON text first). Documents that are Lists,
+/// objects with their `apiVersion` and `kind`, or empty take the fast path; anything else the
+/// general one.
 pub fn load_text(name: &Path, text: &str) -> Result<LoadedSnapshot, SnapshotError> {
-    let fast =
-        source::is_json(name, text).then(|| json_list::convert(&name.display().to_string(), text)).flatten();
-    match fast {
+    source::with_json_docs(name, text, |docs| match json_list::convert(&name.display().to_string(), docs) {
         Some(loaded) => loaded,
-        None => convert(&parse_text(name, text)?),
-    }
+        None => convert(&source::parse_json_docs(name, docs)?),
+    })
 }
 
 /// An object left out of the cluster's state because a value in it is past a bound of
@@ -150,6 +151,28 @@ pub fn refuse_out_of_bounds(objects: Vec<SourcedObject>) -> (Vec<SourcedObject>,
         }
     }
     (kept, refused)
+}
+
+/// A pod waiting for a node that the controller leaves out because it is past a bound of
+/// [`crate::limits`] the API server does not enforce itself: its count of labels (the server
+/// bounds each label's syntax and the object's size, not how many there are). `gpuscale plan`
+/// refuses a snapshot holding it with the same words. A pod bound to a node is never left out:
+/// without it its node would look emptier than it is, and a consolidation could drain it.
+pub fn refuse_waiting_pod(pod: &k8s_openapi::api::core::v1::Pod) -> Option<RefusedObject> {
+    use crate::limits::MAX_LABELS;
+    let meta = &pod.metadata;
+    let labels = meta.labels.as_ref().map_or(0, |l| l.len());
+    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.as_deref().is_some_and(|n| !n.is_empty()));
+    (labels > MAX_LABELS && !bound).then(|| RefusedObject {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone(),
+        field: "metadata.labels".into(),
+        value: format!("more than {MAX_LABELS} labels ({labels})"),
+        reason: format!("at most {MAX_LABELS} labels per object"),
+    })
 }
 
 /// `Kind namespace/name` of a raw object, for messages.

@@ -3,7 +3,6 @@
 
 use super::error::SnapshotError;
 use crate::textfile::{read_text, read_text_sized, InputLimits, TextError};
-use serde::Deserialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -256,13 +255,23 @@ fn collect_files(
 /// Parses the text of one file. `.json` files are JSON, `.yaml`/`.yml` YAML; other names are
 /// sniffed (JSON when the text starts with `{` or `[`).
 pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, SnapshotError> {
-    let json = is_json(path, text);
-    let name = path.display().to_string();
-    let mut out = Vec::new();
-    let saw_list = if json {
-        super::json_list::check_single(&name, text)?;
-        let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
-        let docs: Vec<Value> = stream.collect::<Result<_, _>>().map_err(|e| SnapshotError::Json {
+    with_json_docs(path, text, |docs| parse_json_docs(path, docs))
+}
+
+/// Calls `read` with the documents of the file `path` as JSON text: a JSON file's documents as
+/// they are (most files hold one), a YAML file's transcoded.
+pub(crate) fn with_json_docs<T>(
+    path: &Path,
+    text: &str,
+    read: impl FnOnce(&[&str]) -> Result<T, SnapshotError>,
+) -> Result<T, SnapshotError> {
+    if !is_json(path, text) {
+        let docs = super::yaml_json::to_json_docs(path, text)?;
+        return read(&docs.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    let stream = serde_json::Deserializer::from_str(text).into_iter::<&serde_json::value::RawValue>();
+    let docs: Vec<&str> = stream.map(|doc| doc.map(|d| d.get())).collect::<Result<_, _>>().map_err(|e| {
+        SnapshotError::Json {
             path: path.to_path_buf(),
             line: e.line(),
             column: e.column(),
@@ -270,43 +279,37 @@ pub fn parse_text(path: &Path, text: &str) -> Result<Vec<SourcedObject>, Snapsho
                 .to_string()
                 .trim_end_matches(&format!(" at line {} column {}", e.line(), e.column()))
                 .to_string(),
-        })?;
-        flatten_docs(&name, docs, &mut out)?
-    } else {
-        let mut docs = Vec::new();
-        let yaml_error = |e: serde_yaml::Error| {
-            let loc = e.location();
-            SnapshotError::Yaml {
-                path: path.to_path_buf(),
-                line: loc.as_ref().map_or(0, |l| l.line()),
-                column: loc.as_ref().map_or(0, |l| l.column()),
-                message: e.to_string(),
-            }
-        };
-        // Merge keys (`<<: *defaults`) are YAML 1.1, which kubectl accepts; applying them needs
-        // the YAML value first, so only files that may have one take that path.
-        let merges = text.contains("<<");
-        for doc in serde_yaml::Deserializer::from_str(text) {
-            let value = if merges {
-                let mut yaml = serde_yaml::Value::deserialize(doc).map_err(yaml_error)?;
-                yaml.apply_merge().map_err(yaml_error)?;
-                serde_json::to_value(yaml).map_err(|e| SnapshotError::Yaml {
-                    path: path.to_path_buf(),
-                    line: 0,
-                    column: 0,
-                    message: e.to_string(),
-                })?
-            } else {
-                Value::deserialize(doc).map_err(yaml_error)?
-            };
-            docs.push(value);
         }
-        flatten_docs(&name, docs, &mut out)?
-    };
+    })?;
+    read(&docs)
+}
+
+/// The objects of a file's documents, as JSON text: each is checked against the bounds of
+/// [`crate::limits`] on its text before it is parsed into a value.
+pub(crate) fn parse_json_docs(path: &Path, docs: &[&str]) -> Result<Vec<SourcedObject>, SnapshotError> {
+    let name = path.display().to_string();
+    let mut values = Vec::with_capacity(docs.len());
+    for (i, doc) in docs.iter().enumerate() {
+        let origin = if docs.len() > 1 { format!("{name} doc {}", i + 1) } else { name.clone() };
+        super::json_list::check_single(&origin, doc)?;
+        // Each document parsed once already (as JSON, or transcoded from YAML).
+        values.push(serde_json::from_str(doc).map_err(|e| SnapshotError::Json {
+            path: path.to_path_buf(),
+            line: 0,
+            column: 0,
+            message: e.to_string(),
+        })?);
+    }
+    objects_of(&name, values)
+}
+
+/// The objects of a file's documents; an error when there are none and no List said so (an
+/// empty file, `null` or `[]` is more likely a failed export than an empty cluster).
+fn objects_of(name: &str, docs: Vec<Value>) -> Result<Vec<SourcedObject>, SnapshotError> {
+    let mut out = Vec::new();
+    let saw_list = flatten_docs(name, docs, &mut out)?;
     if out.is_empty() && !saw_list {
-        // Only a List that says so may hold no objects: an empty file, `null` or `[]` is
-        // more likely a failed export than an empty cluster.
-        return Err(SnapshotError::Empty { origin: name });
+        return Err(SnapshotError::Empty { origin: name.to_string() });
     }
     Ok(out)
 }

@@ -56,7 +56,7 @@ fn load(values: Vec<Value>) -> Result<LoadedSnapshot, SnapshotError> {
         .map(|(i, v)| SourcedObject::new(format!("test.json items[{i}]"), v))
         .collect();
     let general = convert(&objs);
-    let fast = json_list::convert("test.json", &text).expect("a List of objects takes the fast path");
+    let fast = json_list::convert("test.json", &[&text]).expect("a List of objects takes the fast path");
     match (&general, &fast) {
         (Ok(g), Ok(f)) => {
             assert_eq!(
@@ -979,7 +979,7 @@ fn generated_lists_convert_the_same_both_ways_into_their_model() {
     kubectl_list::write_list(&shape, &model, &mut bytes).unwrap();
     let text = String::from_utf8(bytes).unwrap();
     let general = convert(&parse_text(Path::new("g.json"), &text).unwrap()).unwrap();
-    let fast = json_list::convert("g.json", &text).expect("fast path").unwrap();
+    let fast = json_list::convert("g.json", &[&text]).expect("fast path").unwrap();
     assert_eq!(
         serde_json::to_value(&general.snapshot).unwrap(),
         serde_json::to_value(&fast.snapshot).unwrap()
@@ -1415,4 +1415,31 @@ fn dra_pools_and_selectors_that_cannot_serve_are_warned_about() {
         "{:?}",
         l.warnings
     );
+}
+
+#[test]
+fn only_waiting_pods_past_the_label_bound_are_refused() {
+    use k8s_openapi::api::core::v1::Pod;
+    let pod = |labels: usize, node: Option<&str>| -> Pod {
+        let labels: serde_json::Map<String, Value> =
+            (0..labels).map(|i| (format!("l{i}"), json!("v"))).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u1", "labels": labels},
+            "spec": {"containers": [{"name": "c"}], "nodeName": node},
+        }))
+        .unwrap()
+    };
+    let max = crate::limits::MAX_LABELS;
+    assert_eq!(super::refuse_waiting_pod(&pod(max, None)), None);
+    let refused = super::refuse_waiting_pod(&pod(max + 1, None)).expect("past the bound");
+    assert_eq!(
+        refused.to_string(),
+        format!(
+            "Pod ml/p: metadata.labels: \"more than {max} labels ({})\": at most {max} labels per object",
+            max + 1
+        )
+    );
+    assert_eq!(refused.uid.as_deref(), Some("u1"));
+    // Bound to a node, it is kept: left out, the node would look emptier than it is.
+    assert_eq!(super::refuse_waiting_pod(&pod(max + 1, Some("gpu-1"))), None);
 }

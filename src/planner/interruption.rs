@@ -17,7 +17,8 @@ use crate::scheduler::fit;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// How notices are acted on.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct InterruptionSettings {
     /// Replace a node on a rebalance recommendation (when a replacement outside its pool costs
     /// at most `rebalance_max_premium` more). Off by default, as Karpenter's: a recommendation is

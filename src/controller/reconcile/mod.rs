@@ -453,7 +453,7 @@ impl Controller {
             self.providers.acknowledge_notices(&done).await;
             return Ok(false);
         }
-        let settings = InterruptionSettings::default();
+        let settings = self.options.config.interruptions;
         // A node the cloud takes that is already draining (marked by this process or the one
         // before a restart) is drained as noticed: whatever the plan says, with its grace capped.
         for notice in &notices {

@@ -452,14 +452,19 @@ impl Stores {
         }
         // Any tenant can create these: one past a bound is left out (a Warning Event on it, a
         // metric), not a reason to stop planning for everyone else.
-        let (others, refused) = crate::k8s::refuse_out_of_bounds(others);
+        let (others, mut refused) = crate::k8s::refuse_out_of_bounds(others);
+        let mut pods = self.pods.state();
+        if pods.iter().any(|p| p.refused.is_some()) {
+            refused.extend(pods.iter().filter_map(|p| p.refused.as_deref().cloned()));
+            pods.retain(|p| p.refused.is_none());
+        }
         for r in &refused {
             tracing::warn!(object = %r, "object left out of the plan: a value is past gpuscale's limits");
         }
         observer.objects_refused(&refused);
         let view = snapshot::build(
             &self.nodes.state(),
-            &self.pods.state(),
+            &pods,
             &self.pdbs.state(),
             &pod_groups,
             others,
