@@ -39,26 +39,31 @@ GPUSCALE_HELM="$(charts/scripts/install-helm.sh)" || { echo "test.sh: helm could
 export GPUSCALE_HELM
 echo "test.sh: helm at $GPUSCALE_HELM" >&2
 
-# The real control plane for the end-to-end tests (tests/k8s_*.rs): built once per pinned version
-# (about 8 minutes cold on 2 cores), then reused. Each test starts its own processes on loopback.
+# The Go programs the end-to-end tests run, each built once per pinned version and cached under
+# target/ (cold: the control plane about 8 minutes on 2 cores, Kueue about 5, the metadata
+# simulator under one). They build in the background while the Rust lints and core tests below
+# run: much of a cold Go build waits on the module proxy, and rustc checks the gpuscale crate
+# mostly on one core, so the two overlap; their paths are read before the integration tests.
+#   - the real control plane (tests/k8s_*.rs): etcd, kube-apiserver, kube-scheduler,
+#     kube-controller-manager;
+#   - Kueue's manager, for the test of its ProvisioningRequest admission check
+#     (tests/k8s_kueue.rs);
+#   - ec2-metadata-mock, AWS's instance metadata simulator, for the agent's interruption-notice
+#     tests (tests/agent_annotate.rs).
 command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
 # GNU time measures the peak memory of each hostile input (tests/hostile_input.rs).
 [[ -x /usr/bin/time ]] || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
-GPUSCALE_K8S_BIN="$(scripts/k8s-controlplane.sh)" || { echo "test.sh: the Kubernetes control plane could not be built" >&2; exit 1; }
-export GPUSCALE_K8S_BIN
-echo "test.sh: kube-apiserver, kube-scheduler, kube-controller-manager and etcd in $GPUSCALE_K8S_BIN" >&2
-# Kueue's manager for the test of its ProvisioningRequest admission check (tests/k8s_kueue.rs),
-# built from the Go module proxy and cached under target/kueue/ like the control plane.
 command -v unshare >/dev/null || { apt-get update -qq && apt-get install -y -qq util-linux >/dev/null; }
-GPUSCALE_KUEUE_BIN="$(scripts/kueue.sh)" || { echo "test.sh: Kueue could not be built" >&2; exit 1; }
-export GPUSCALE_KUEUE_BIN
-echo "test.sh: Kueue at $GPUSCALE_KUEUE_BIN" >&2
-
-# AWS's instance metadata simulator for the agent's interruption-notice test
-# (tests/agent_annotate.rs), built from the Go module proxy and cached under target/aemm/.
-GPUSCALE_AEMM_BIN="$(scripts/aemm.sh)" || { echo "test.sh: ec2-metadata-mock could not be built" >&2; exit 1; }
-export GPUSCALE_AEMM_BIN
-echo "test.sh: ec2-metadata-mock at $GPUSCALE_AEMM_BIN" >&2
+go_out="$(mktemp -d)"
+scripts/k8s-controlplane.sh >"$go_out/k8s" & k8s_job=$!
+scripts/kueue.sh >"$go_out/kueue" & kueue_job=$!
+scripts/aemm.sh >"$go_out/aemm" & aemm_job=$!
+trap 'kill "$k8s_job" "$kueue_job" "$aemm_job" 2>/dev/null || true; scripts/moto.sh stop >/dev/null 2>&1 || true' EXIT
+# Waits for a background Go build (in this shell: its jobs are this shell's children), failing
+# loudly if it failed.
+go_built() {
+    wait "$2" || { echo "test.sh: $1 could not be built (see above)" >&2; exit 1; }
+}
 
 # The container image test (scripts/test-image.sh) assembles the image with Debian's umoci and
 # skopeo; where they cannot be installed it is skipped with a loud message.
@@ -79,6 +84,14 @@ cargo clippy --all-targets --no-default-features -- -D warnings
 # above and run once, in the all-features pass below (running them twice cost CI about five
 # minutes of builds and two of tests; `cargo test --no-default-features` still runs them alone).
 cargo test --no-default-features --lib
+go_built "the Kubernetes control plane" "$k8s_job"
+go_built Kueue "$kueue_job"
+go_built ec2-metadata-mock "$aemm_job"
+GPUSCALE_K8S_BIN="$(cat "$go_out/k8s")"
+GPUSCALE_KUEUE_BIN="$(cat "$go_out/kueue")"
+GPUSCALE_AEMM_BIN="$(cat "$go_out/aemm")"
+export GPUSCALE_K8S_BIN GPUSCALE_KUEUE_BIN GPUSCALE_AEMM_BIN
+echo "test.sh: control plane in $GPUSCALE_K8S_BIN, Kueue at $GPUSCALE_KUEUE_BIN, ec2-metadata-mock at $GPUSCALE_AEMM_BIN" >&2
 cargo test --all-features
 # The container image (scripts/test-image.sh): built twice for the same digest, inspected, unpacked
 # and run as its non-root user. Its binary is the one `cargo test --all-features` has just built for

@@ -344,8 +344,8 @@ impl GceMetadataStandIn {
 
 /// `gpuscale agent --interruptions gcp` against a GCE metadata stand-in: it waits on the server's
 /// change notification (no polling while nothing changes), taints the node
-/// `scheduled-maintenance` within a second of a terminating host maintenance being announced and
-/// `spot-interruption` within a second of the preemption, one write per kind.
+/// `scheduled-maintenance` as soon as a terminating host maintenance is announced and
+/// `spot-interruption` as soon as the preemption is (5 s allowed), one write per kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gce_preemption_in_the_metadata_server_taints_the_node_at_once() {
     let gce = GceMetadataStandIn::start().await;
@@ -363,10 +363,10 @@ async fn a_gce_preemption_in_the_metadata_server_taints_the_node_at_once() {
     );
     gce.set("FALSE", "TERMINATE_ON_HOST_MAINTENANCE");
     let took = taint_within(&server, "gpu-node-4", "scheduled-maintenance", Duration::from_secs(10)).await;
-    assert!(took < Duration::from_secs(2), "the maintenance taint took {took:?}");
+    assert!(took < Duration::from_secs(5), "the maintenance taint took {took:?}");
     gce.set("TRUE", "TERMINATE_ON_HOST_MAINTENANCE");
     let took = taint_within(&server, "gpu-node-4", "spot-interruption", Duration::from_secs(10)).await;
-    assert!(took < Duration::from_secs(2), "the preemption taint took {took:?}");
+    assert!(took < Duration::from_secs(5), "the preemption taint took {took:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let writes = stop_agent(&server, agent).await;
     assert_eq!(writes.len(), 2, "one per kind: {writes:?}");
