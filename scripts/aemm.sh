@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds AWS's instance metadata simulator, ec2-metadata-mock
 # (github.com/aws/amazon-ec2-metadata-mock, from the Go module proxy), for the agent's
-# interruption-notice test (tests/agent_annotate.rs), and prints the path of the binary.
+# interruption-notice test (tests/e2e/agent_annotate.rs), and prints the path of the binary.
 #
 #   scripts/aemm.sh        # prints e.g. target/aemm/v1.13.0/ec2-metadata-mock
 #

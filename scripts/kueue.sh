@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Kueue's manager (sigs.k8s.io/kueue/cmd/kueue, the version tests/k8s/kueue/go.mod pins)
-# from the Go module proxy for tests/k8s_kueue.rs, and prints the path of the binary.
+# from the Go module proxy for tests/e2e/k8s_kueue.rs, and prints the path of the binary.
 #
 #   scripts/kueue.sh        # prints e.g. target/kueue/v0.17.0-<hash>/kueue
 #

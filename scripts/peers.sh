@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real peer autoscalers that tests/k8s_peers.rs runs beside gpuscale, from the Go module
+# Builds the real peer autoscalers that tests/e2e/k8s_peers.rs runs beside gpuscale, from the Go module
 # proxy, and prints the path of the binary:
 #
 #   scripts/peers.sh karpenter            # Karpenter with its kwok cloud provider (karpenter-kwok)
@@ -10,7 +10,7 @@
 # Each is built once per pinned version and cached under ${CARGO_TARGET_DIR:-target}/peers/ (ignored
 # by git). Cold builds on 2 shared cores (measured 2026-12-07, docs/peers.md): Karpenter 286 s,
 # Cluster Autoscaler 835 s (beside a cargo build); together far past CI's budget, so scripts/test.sh
-# does not build them and tests/k8s_peers.rs's peer smoke tests skip, saying so, unless
+# does not build them and tests/e2e/k8s_peers.rs's peer smoke tests skip, saying so, unless
 # GPUSCALE_KARPENTER_BIN / GPUSCALE_CLUSTER_AUTOSCALER_BIN are set.
 #
 # Karpenter: sigs.k8s.io/karpenter/kwok at the version tests/k8s/peers/karpenter/go.mod pins (it
@@ -131,8 +131,8 @@ table)
     cd "$repo"
     table="$root/table.md"
     rm -f "$table"
-    GPUSCALE_PEERS_TABLE="$table" cargo test --all-features --test k8s_peers \
-        -- --ignored --nocapture --test-threads=1 peer_table >&2
+    GPUSCALE_PEERS_TABLE="$table" cargo test --all-features --test e2e \
+        -- --ignored --nocapture --test-threads=1 k8s_peers::peer_table >&2
     echo "peers.sh: the table (for docs/peers.md) is in $table" >&2
     cat "$table"
     ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long form of the fault-injection suite (tests/k8s_safety.rs): its scenarios again and again,
+# The long form of the fault-injection suite (tests/e2e/k8s_safety.rs): its scenarios again and again,
 # each round with new seeds, for as long as asked, on the real control plane scripts/test.sh
 # builds. Stops at the first round with a violation and keeps its output.
 #
@@ -20,9 +20,9 @@ mkdir -p "$out"
 export GPUSCALE_K8S_BIN="${GPUSCALE_K8S_BIN:-$(scripts/k8s-controlplane.sh)}"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # Built once: the rounds run this binary, whatever is edited meanwhile.
-binary="$(cargo test --all-features --test k8s_safety --no-run --message-format=json |
-    jq -r 'select(.profile.test == true and .target.name == "k8s_safety") | .executable')"
-[[ -x "$binary" ]] || { echo "safety-soak.sh: the k8s_safety test binary was not built" >&2; exit 1; }
+binary="$(cargo test --all-features --test e2e --no-run --message-format=json |
+    jq -r 'select(.profile.test == true and .target.name == "e2e") | .executable')"
+[[ -x "$binary" ]] || { echo "safety-soak.sh: the e2e test binary was not built" >&2; exit 1; }
 deadline=$((SECONDS + $(awk -v h="$hours" 'BEGIN {printf "%d", h * 3600}')))
 summary="$out/summary.txt"
 : >"$summary"
@@ -34,7 +34,7 @@ while ((SECONDS < deadline)); do
     skip=()
     ((round == 0)) || skip=(--skip the_auditor_catches)
     start=$SECONDS
-    if GPUSCALE_SAFETY_SEEDS="$seeds" "$binary" "${skip[@]}" --test-threads 1 >"$log" 2>&1; then
+    if GPUSCALE_SAFETY_SEEDS="$seeds" "$binary" k8s_safety:: "${skip[@]}" --test-threads 1 >"$log" 2>&1; then
         passed="$(grep -o '[0-9]* passed' "$log" | tail -1)"
         echo "round $round seeds $seeds: $passed in $((SECONDS - start)) s" | tee -a "$summary" >&2
         rm -f "$log"

@@ -44,12 +44,12 @@ echo "test.sh: helm at $GPUSCALE_HELM" >&2
 # simulator under one). They build in the background while the Rust lints and core tests below
 # run: much of a cold Go build waits on the module proxy, and rustc checks the gpuscale crate
 # mostly on one core, so the two overlap; their paths are read before the integration tests.
-#   - the real control plane (tests/k8s_*.rs): etcd, kube-apiserver, kube-scheduler,
+#   - the real control plane (tests/e2e/k8s_*.rs): etcd, kube-apiserver, kube-scheduler,
 #     kube-controller-manager;
 #   - Kueue's manager, for the test of its ProvisioningRequest admission check
-#     (tests/k8s_kueue.rs);
+#     (tests/e2e/k8s_kueue.rs);
 #   - ec2-metadata-mock, AWS's instance metadata simulator, for the agent's interruption-notice
-#     tests (tests/agent_annotate.rs).
+#     tests (tests/e2e/agent_annotate.rs).
 command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
 # GNU time measures the peak memory of each hostile input (tests/hostile_input.rs).
 [[ -x /usr/bin/time ]] || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }

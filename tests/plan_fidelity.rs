@@ -1,7 +1,7 @@
 //! The cases that made `plan` answer FITS where kube-scheduler leaves the pod Pending: required
 //! anti-affinity to pods on every node, a non-GPU extended resource (EFA) no node offers, and a
 //! node at its pod limit. Each pending pod is placed on an existing node only where kube-scheduler
-//! would place it (`tests/k8s_scheduler_diff.rs` checks the same filters against the real one).
+//! would place it (`tests/e2e/k8s_scheduler_diff.rs` checks the same filters against the real one).
 
 use gpuscale::k8s::SourcedObject;
 use gpuscale::planner::{self, PlanInput, PlannerSettings};

@@ -249,7 +249,9 @@ fn every_offline_command_in_the_readme_runs_and_exits_0() {
                 ran += 1;
             }
             Action::CargoTarget(path) => {
-                if !repo().join(&path).is_file() {
+                // Cargo's target layouts: `tests/<name>.rs` or `tests/<name>/main.rs`.
+                let dir_form = path.with_extension("").join("main.rs");
+                if !repo().join(&path).is_file() && !repo().join(dir_form).is_file() {
                     failures.push(format!("{where_}: {} does not exist", path.display()));
                 }
             }

@@ -19,6 +19,6 @@ mod source;
 
 pub use metrics::AgentMetrics;
 pub use nvml::{mig_profile_name, NvmlSource};
-pub use publish::{NodeAnnotator, PublishPolicy, PublishState};
+pub use publish::{NodeAnnotator, PublishPolicy, PublishState, INTERRUPTION_CONDITION};
 pub use run::{run, AgentError, AgentOptions, InterruptionWatch, MetadataCloud};
 pub use source::{MemorySource, SourceError, TelemetrySource};

@@ -2,7 +2,8 @@
 
 use crate::model::{NodeTelemetry, NoticeKind, TELEMETRY_ANNOTATION};
 use crate::planner::interruption::INTERRUPTION_TAINT;
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 
 /// When the agent writes the annotation.
@@ -78,13 +79,67 @@ impl NodeAnnotator {
     }
 }
 
+/// The Node condition the agent sets beside its taint while a notice is active (status `True`,
+/// reason the notice kind in CamelCase): what `kubectl describe node`, alerts and other tools
+/// read, as node-problem-detector's conditions.
+pub const INTERRUPTION_CONDITION: &str = "InterruptionNotice";
+
+/// The condition's reason for a notice kind.
+fn condition_reason(kind: NoticeKind) -> &'static str {
+    match kind {
+        NoticeKind::SpotInterruption => "SpotInterruption",
+        NoticeKind::Rebalance => "RebalanceRecommendation",
+        NoticeKind::ScheduledMaintenance => "ScheduledMaintenance",
+        NoticeKind::Terminating => "InstanceTerminating",
+    }
+}
+
 impl NodeAnnotator {
+    /// Sets the [`INTERRUPTION_CONDITION`] for `kind` in the node's status (keeping every other
+    /// condition), guarded by the resourceVersion like the taint. Returns whether it wrote.
+    async fn set_interruption_condition(&self, kind: NoticeKind) -> Result<bool, kube::Error> {
+        let node = self.api.get(&self.node).await?;
+        let mut conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+        let reason = condition_reason(kind);
+        if conditions.iter().any(|c| {
+            c.type_ == INTERRUPTION_CONDITION && c.status == "True" && c.reason.as_deref() == Some(reason)
+        }) {
+            return Ok(false);
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        conditions.retain(|c| c.type_ != INTERRUPTION_CONDITION);
+        conditions.push(NodeCondition {
+            type_: INTERRUPTION_CONDITION.into(),
+            status: "True".into(),
+            reason: Some(reason.into()),
+            message: Some(format!(
+                "{} notice from the instance metadata service (gpuscale agent)",
+                kind.name()
+            )),
+            last_heartbeat_time: Some(now.clone()),
+            last_transition_time: Some(now),
+        });
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": node.metadata.resource_version },
+            "status": { "conditions": conditions },
+        });
+        self.api.patch_status(&self.node, &PatchParams::default(), &Patch::Merge(patch)).await?;
+        Ok(true)
+    }
+
     /// Puts the `gpuscale.io/interruption=<kind>:NoSchedule` taint on the node (replacing one of
     /// another kind, keeping every other taint), with a merge patch of the taint list guarded
     /// by the resourceVersion it was read at: a concurrent change of the node makes it fail
     /// (409) rather than drop someone else's taint, and the caller tries again. Returns whether
-    /// it wrote (nothing when the taint already says `kind`).
+    /// it wrote (nothing when the taint and the condition already say `kind`). The taint comes
+    /// first: it is what keeps new pods off and what the controller reads.
     pub async fn mark_interruption(&self, kind: NoticeKind) -> Result<bool, kube::Error> {
+        let tainted = self.taint_interruption(kind).await?;
+        let conditioned = self.set_interruption_condition(kind).await?;
+        Ok(tainted || conditioned)
+    }
+
+    async fn taint_interruption(&self, kind: NoticeKind) -> Result<bool, kube::Error> {
         let value =
             serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let node = self.api.get(&self.node).await?;

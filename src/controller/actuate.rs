@@ -9,8 +9,8 @@
 //! and refuses ([`ApiCause::NotLeading`]) once this replica may no longer act.
 
 use super::drain::{
-    DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED,
-    REPLACE_REQUESTED_AT, REPLACE_TARGET, REPLACE_WITH,
+    NoticeMarks, DISRUPTING_TAINT, DRAIN_DEADLINE, DRAIN_EVICTED, DRAIN_EVICT_AT, DRAIN_NOTICE, DRAIN_REASON,
+    DRAIN_STARTED_AT, DRAIN_WAS_CORDONED, REPLACE_REQUESTED_AT, REPLACE_TARGET, REPLACE_WITH,
 };
 use super::leader::{Fence, NotLeading};
 use crate::providers::gang::GangRecord;
@@ -201,8 +201,15 @@ impl KubeActuator {
     }
 
     /// Marks a node as draining: cordon, taint `gpuscale.io/disrupting=true:NoSchedule`, and the
-    /// start time and reason annotations. Idempotent.
-    pub async fn start_drain(&self, node: &str, reason: &str, now: Timestamp) -> Result<bool, ApiError> {
+    /// start time and reason annotations, and under a notice its marks ([`NoticeMarks`]).
+    /// Idempotent.
+    pub async fn start_drain(
+        &self,
+        node: &str,
+        reason: &str,
+        now: Timestamp,
+        notice: Option<&NoticeMarks>,
+    ) -> Result<bool, ApiError> {
         self.update_node(node, "start drain of", |n| {
             let ann = n.metadata.annotations.get_or_insert_with(Default::default);
             if ann.contains_key(DRAIN_STARTED_AT) {
@@ -212,6 +219,9 @@ impl KubeActuator {
             let was_cordoned = spec.unschedulable.unwrap_or(false);
             ann.insert(DRAIN_STARTED_AT.into(), now.to_string());
             ann.insert(DRAIN_REASON.into(), reason.to_string());
+            for (k, v) in notice.map(NoticeMarks::annotations).unwrap_or_default() {
+                ann.insert(k.into(), v);
+            }
             if was_cordoned {
                 ann.insert(DRAIN_WAS_CORDONED.into(), "true".into());
             }
@@ -249,7 +259,10 @@ impl KubeActuator {
         self.update_node(node, "abort drain of", |n| {
             let ann = n.metadata.annotations.get_or_insert_with(Default::default);
             let was_cordoned = ann.get(DRAIN_WAS_CORDONED).is_some_and(|v| v == "true");
-            for k in [DRAIN_STARTED_AT, DRAIN_REASON, DRAIN_EVICTED, DRAIN_WAS_CORDONED] {
+            let notice = [DRAIN_NOTICE, DRAIN_DEADLINE, DRAIN_EVICT_AT];
+            for k in
+                [DRAIN_STARTED_AT, DRAIN_REASON, DRAIN_EVICTED, DRAIN_WAS_CORDONED].into_iter().chain(notice)
+            {
                 ann.remove(k);
             }
             let spec = n.spec.get_or_insert_with(Default::default);

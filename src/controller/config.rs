@@ -168,6 +168,8 @@ impl ControllerConfig {
             ("interruptions.rebalanceMaxPremium", self.interruptions.rebalance_max_premium),
             ("interruptions.reclaimedBackoffSeconds", self.interruptions.reclaimed_backoff_seconds as f64),
             ("interruptions.deadlineMarginSeconds", self.interruptions.deadline_margin_seconds as f64),
+            ("interruptions.holdSeconds", self.interruptions.hold_seconds as f64),
+            ("interruptions.evictionLeadSeconds", self.interruptions.eviction_lead_seconds as f64),
         ];
         for (field, v) in fields {
             if !v.is_finite() || v < 0.0 {

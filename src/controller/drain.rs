@@ -11,14 +11,13 @@
 
 use super::config::secs;
 use super::config::ControllerConfig;
-use crate::model::OwnerKind;
+use crate::model::{NoticeKind, OwnerKind};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use crate::k8s::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_STARTED_AT, DRAIN_WAS_CORDONED};
-/// Kubernetes' default `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE_SECONDS: u32 = 30;
+pub use crate::model::DEFAULT_GRACE_SECONDS;
 
 /// How long past an evicted pod's (capped) grace period the drain still waits for the pod to be
 /// gone before it gives the node back (Cluster Autoscaler's `PodEvictionHeadroom`).
@@ -26,6 +25,17 @@ pub const EVICTION_HEADROOM: Duration = Duration::from_secs(30);
 
 /// Annotation: the planner's reason for removing the node.
 pub const DRAIN_REASON: &str = "gpuscale.io/drain-reason";
+/// Annotation on a node drained for an interruption notice: the notice's kind
+/// (`spot-interruption`, …). With [`DRAIN_DEADLINE`] and [`DRAIN_EVICT_AT`] it is on the Node so
+/// that a restarted controller or a new leader goes on with the drain as noticed (whatever the
+/// plan says, the pods' grace capped to the deadline, at the same eviction time), though the
+/// notice itself may be gone: a queue message is deleted once handled.
+pub const DRAIN_NOTICE: &str = "gpuscale.io/drain-notice";
+/// Annotation: when the cloud takes the noticed node, if it said.
+pub const DRAIN_DEADLINE: &str = "gpuscale.io/drain-deadline";
+/// Annotation: the time the noticed node's pods are evicted, not before (they keep running while
+/// the replacement boots; [`crate::planner::interruption::evict_at`]).
+pub const DRAIN_EVICT_AT: &str = "gpuscale.io/evict-at";
 
 /// Annotation: id of the group a cheaper node is requested from to replace this node.
 pub const REPLACE_WITH: &str = "gpuscale.io/replace-with";
@@ -66,6 +76,38 @@ pub struct DrainMarks {
     pub evicted: bool,
     /// Whether the node was cordoned before the drain.
     pub was_cordoned: bool,
+    /// The interruption notice the drain is for, if it is.
+    pub notice: Option<NoticeMarks>,
+}
+
+/// What a drain for an interruption notice records on the Node ([`DRAIN_NOTICE`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoticeMarks {
+    /// What was announced.
+    pub kind: NoticeKind,
+    /// When the cloud takes the node ([`DRAIN_DEADLINE`]).
+    pub deadline: Option<Timestamp>,
+    /// No pod is evicted before this time ([`DRAIN_EVICT_AT`]).
+    pub evict_at: Option<Timestamp>,
+}
+
+impl NoticeMarks {
+    /// The annotations that record it.
+    pub fn annotations(&self) -> Vec<(&'static str, String)> {
+        let kind = serde_json::to_value(self.kind).ok().and_then(|v| v.as_str().map(str::to_string));
+        let mut out = vec![(DRAIN_NOTICE, kind.unwrap_or_default())];
+        out.extend(self.deadline.map(|t| (DRAIN_DEADLINE, t.to_string())));
+        out.extend(self.evict_at.map(|t| (DRAIN_EVICT_AT, t.to_string())));
+        out
+    }
+
+    /// Reads them back; `None` without a (valid) [`DRAIN_NOTICE`].
+    fn of(annotations: &BTreeMap<String, String>) -> Option<Self> {
+        let kind = annotations.get(DRAIN_NOTICE)?;
+        let kind = serde_json::from_value(serde_json::Value::String(kind.clone())).ok()?;
+        let time = |k: &str| annotations.get(k).and_then(|s| s.parse().ok());
+        Some(Self { kind, deadline: time(DRAIN_DEADLINE), evict_at: time(DRAIN_EVICT_AT) })
+    }
 }
 
 /// Reads the drain marks of a node from its annotations and taint keys; `None` when it is not
@@ -87,6 +129,7 @@ pub fn marks_of<'a>(
         reason: annotations.get(DRAIN_REASON).cloned().unwrap_or_default(),
         evicted: is_true(DRAIN_EVICTED),
         was_cordoned: is_true(DRAIN_WAS_CORDONED),
+        notice: NoticeMarks::of(annotations),
     })
 }
 
@@ -298,11 +341,26 @@ mod tests {
     }
 
     fn marks(evicted: bool) -> DrainMarks {
-        DrainMarks { started_at: t(0), reason: "empty".into(), evicted, was_cordoned: false }
+        DrainMarks { started_at: t(0), reason: "empty".into(), evicted, was_cordoned: false, notice: None }
     }
 
     fn cfg() -> ControllerConfig {
         ControllerConfig::default()
+    }
+
+    #[test]
+    fn a_noticed_drain_reads_back_its_notice_from_the_node() {
+        let notice =
+            NoticeMarks { kind: NoticeKind::SpotInterruption, deadline: Some(t(120)), evict_at: Some(t(60)) };
+        let mut a: BTreeMap<String, String> =
+            notice.annotations().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert_eq!(a[DRAIN_NOTICE], "spot-interruption");
+        a.insert(DRAIN_STARTED_AT.into(), t(1).to_string());
+        let m = marks_of(&a, std::iter::empty(), t(5)).unwrap();
+        assert_eq!(m.notice, Some(notice));
+        // A kind this version does not know is no notice: the drain is an ordinary one.
+        a.insert(DRAIN_NOTICE.into(), "meteor-strike".into());
+        assert_eq!(marks_of(&a, std::iter::empty(), t(5)).unwrap().notice, None);
     }
 
     #[test]
@@ -334,7 +392,8 @@ mod tests {
                 started_at: t(1),
                 reason: "GPU allocation 10% < 50%".into(),
                 evicted: true,
-                was_cordoned: false
+                was_cordoned: false,
+                notice: None
             }
         );
     }

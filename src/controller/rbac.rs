@@ -60,8 +60,10 @@ pub const CONTROLLER_NAMESPACE_RULES: &[Rule] = &[
     rule(&[""], &["configmaps"], &["get", "create", "patch"]),
 ];
 
-/// What the node agent (DaemonSet) needs cluster-wide: read and annotate its own node.
-pub const AGENT_CLUSTER_RULES: &[Rule] = &[rule(&[""], &["nodes"], &["get", "patch"])];
+/// What the node agent (DaemonSet) needs cluster-wide: read and annotate its own node, and set
+/// its interruption condition.
+pub const AGENT_CLUSTER_RULES: &[Rule] =
+    &[rule(&[""], &["nodes"], &["get", "patch"]), rule(&[""], &["nodes/status"], &["patch"])];
 
 /// True when `rules` allow `verb` on `resource` (`pods` or `pods/eviction`) of `api_group`
 /// (`""` for core), with RBAC's matching: exact names, `*` as a wildcard in any position.
@@ -224,7 +226,7 @@ mod tests {
         assert!(allows(ANY, "get", "apps", "pods/log"));
         assert!(!allows(ANY, "get", "", "pods"));
         assert!(!allows(ANY, "list", "", "pods/log"));
-        assert_eq!(expand(AGENT_CLUSTER_RULES).len(), 2);
+        assert_eq!(expand(AGENT_CLUSTER_RULES).len(), 3);
         // One (group, resource, verb) per grant, none lost or duplicated by the expansion.
         let grants: usize = CONTROLLER_CLUSTER_RULES
             .iter()

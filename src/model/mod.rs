@@ -43,5 +43,6 @@ pub use telemetry::{
 pub use workload::{
     DisruptionBudget, DrainRules, HostPort, LabelSelector, NodeSelectorRequirement, OwnerKind,
     PodAffinityTerm, PodIdentity, Preferences, SelectorOperator, SpreadConstraint, Toleration,
-    TolerationOperator, VolumeNeed, Workload, WorkloadId, DEFAULT_SCHEDULER, VOLUME_TOPOLOGY_LABELS,
+    TolerationOperator, VolumeNeed, Workload, WorkloadId, DEFAULT_GRACE_SECONDS, DEFAULT_SCHEDULER,
+    VOLUME_TOPOLOGY_LABELS,
 };

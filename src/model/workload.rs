@@ -104,6 +104,9 @@ impl Toleration {
     }
 }
 
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: u32 = 30;
+
 /// A workload to place: a pod, pending or running.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Workload {

@@ -153,6 +153,9 @@ pub enum Command {
         kind: crate::model::NoticeKind,
         /// Largest grace period a pod gets, seconds.
         grace_cap_seconds: Option<u32>,
+        /// When the cloud takes the instance (seconds), if it said: the pods are evicted just in
+        /// time before it ([`super::interruption::evict_at`]).
+        deadline: Option<i64>,
         /// Why.
         reason: String,
     },

@@ -4,7 +4,8 @@
 //! once they are pending again, a boot time later than it could have been. On a notice the step
 //! cordons the node, asks at once for a replacement for its pods (the cheapest group they fit,
 //! spot or on-demand by their own selectors, a gang member in its gang's topology domain), drains
-//! it with the grace period capped to the time left before the deadline, and backs the reclaimed
+//! it with the grace period capped to the time left before the deadline (its pods evicted just in
+//! time, [`evict_at`], so that they run while the replacement boots), and backs the reclaimed
 //! spot pool off so that the replacement does not land in the pool that just failed. A rebalance
 //! recommendation replaces the node only when configured to (off by default, as in Karpenter)
 //! and only when a replacement outside the pool costs no more than the node does. Pure and
@@ -33,6 +34,13 @@ pub struct InterruptionSettings {
     /// The pods must be gone this long before the deadline: the grace period is capped to the
     /// time left minus this margin.
     pub deadline_margin_seconds: i64,
+    /// How long at most a noticed node's pods keep running after the notice while their
+    /// replacement boots (0: evicted at once, as Karpenter and Node Termination Handler do).
+    /// They are evicted earlier when the deadline requires: see [`evict_at`].
+    pub hold_seconds: i64,
+    /// What is kept, besides each pod's grace period and the margin, for the evictions
+    /// themselves (a refused one retried, a pod rescheduled), seconds.
+    pub eviction_lead_seconds: i64,
 }
 
 impl Default for InterruptionSettings {
@@ -42,6 +50,8 @@ impl Default for InterruptionSettings {
             rebalance_max_premium: 0.0,
             reclaimed_backoff_seconds: 180,
             deadline_margin_seconds: 5,
+            hold_seconds: 300,
+            eviction_lead_seconds: 15,
         }
     }
 }
@@ -154,6 +164,7 @@ pub fn react(
             node: node.name.clone(),
             kind: notice.kind,
             grace_cap_seconds: grace_cap(notice, now, settings),
+            deadline: notice.deadline.filter(|_| notice.kind != NoticeKind::Terminating),
             reason: format!("{} of {}{deadline}", notice.kind.name(), notice.instance),
         });
         if let Some(r) = replacement.filter(|_| !pods.is_empty()) {
@@ -180,6 +191,19 @@ pub fn grace_cap(notice: &Notice, now: i64, settings: &InterruptionSettings) -> 
         return Some(0);
     }
     notice.deadline.map(|d| (d - now - settings.deadline_margin_seconds).max(0) as u32)
+}
+
+/// When the pods of a node noticed at `noticed_at` are evicted, given the longest grace period
+/// they get (`grace`, seconds). Just in time: they keep running while their replacement boots
+/// (a pod evicted at the notice waits the whole boot, pending), at most `hold_seconds`, and
+/// are evicted early enough that each ends within its grace period `eviction_lead_seconds`
+/// before the deadline less the margin. Without a deadline (a rebalance recommendation, an
+/// instance already terminating), at once.
+pub fn evict_at(noticed_at: i64, deadline: Option<i64>, grace: u32, settings: &InterruptionSettings) -> i64 {
+    let Some(deadline) = deadline else { return noticed_at };
+    let latest =
+        deadline - settings.deadline_margin_seconds - i64::from(grace) - settings.eviction_lead_seconds;
+    latest.min(noticed_at + settings.hold_seconds.max(0)).max(noticed_at)
 }
 
 /// The taint gpuscale's node agent puts on a Node whose instance received a notice; its value
@@ -381,6 +405,7 @@ accounts:
                     node: "a1".into(),
                     kind: NoticeKind::SpotInterruption,
                     grace_cap_seconds: Some(115),
+                    deadline: Some(1120),
                     reason: "spot interruption of i-a1, 120s left".into()
                 },
                 // The reclaimed pool is skipped: the next cheapest, spot in the other zone.
@@ -565,5 +590,20 @@ accounts:
             matches!(cmds.as_slice(), [Command::InterruptNode { .. }, Command::ScaleGroup { .. }]),
             "{cmds:?}"
         );
+    }
+
+    #[test]
+    fn pods_are_evicted_just_in_time_within_the_hold() {
+        let s = InterruptionSettings::default();
+        // AWS's two minutes: 120 - 5 margin - 30 grace - 15 lead.
+        assert_eq!(evict_at(1000, Some(1120), 30, &s), 1070);
+        // A longer grace period moves the evictions earlier; a window too short for it, to now.
+        assert_eq!(evict_at(1000, Some(1120), 90, &s), 1010);
+        assert_eq!(evict_at(1000, Some(1030), 30, &s), 1000);
+        // A scheduled maintenance an hour ahead: held at most `hold_seconds`.
+        assert_eq!(evict_at(1000, Some(4600), 30, &s), 1300);
+        // No deadline, or no hold: at once.
+        assert_eq!(evict_at(1000, None, 30, &s), 1000);
+        assert_eq!(evict_at(1000, Some(1120), 30, &InterruptionSettings { hold_seconds: 0, ..s }), 1000);
     }
 }

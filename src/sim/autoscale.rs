@@ -21,7 +21,7 @@
 
 use crate::model::{
     CapacityType, ClusterSnapshot, DeviceAssignment, GpuDemand, InstanceState, Node, NodeGroup, NodeState,
-    OwnerKind, Workload, GPU_MILLI,
+    OwnerKind, Workload, DEFAULT_GRACE_SECONDS, GPU_MILLI,
 };
 use crate::planner::decide::{self, decide, replacement_node, Command, DecideSettings, Observed};
 use crate::planner::interruption::{self, InterruptionSettings, InterruptionState};
@@ -563,6 +563,8 @@ struct Sim<'a> {
     decide: decide::LoopState,
     /// gpuscale: the interruption step's memory.
     interruption: InterruptionState,
+    /// gpuscale: noticed nodes, cordoned, whose pods keep running until this time.
+    held: BTreeMap<String, u64>,
 }
 
 impl<'a> Sim<'a> {
@@ -604,6 +606,7 @@ impl<'a> Sim<'a> {
             },
             decide: decide::LoopState::default(),
             interruption: InterruptionState::default(),
+            held: BTreeMap::new(),
         }
     }
 
@@ -886,6 +889,14 @@ impl<'a> Sim<'a> {
     /// at once (drains finish within the pass here) and its instance deleted, so the group does
     /// not launch a new one into the pool that is being reclaimed.
     fn react_to_notices(&mut self, settings: &InterruptionSettings) {
+        // Held nodes whose time has come are drained.
+        let due: Vec<String> =
+            self.held.iter().filter(|(_, t)| **t <= self.now).map(|(n, _)| n.clone()).collect();
+        for node in due {
+            self.held.remove(&node);
+            self.drain_and_delete(&node, &[]);
+        }
+        self.held.retain(|n, _| self.nodes.contains_key(n));
         let notices = self.cloud.notices();
         if notices.is_empty() {
             return;
@@ -912,13 +923,23 @@ impl<'a> Sim<'a> {
                     let entry = self.backoff.entry(group).or_insert(until);
                     *entry = (*entry).max(until);
                 }
-                Command::InterruptNode { node, .. } => {
+                Command::InterruptNode { node, deadline, .. } => {
                     self.out.notices_handled += 1;
                     if let Some(n) = self.nodes.get_mut(&node) {
                         n.clean.unschedulable = true;
                         n.live.unschedulable = true;
                     }
-                    self.drain_and_delete(&node, &[]);
+                    // The replay's pods have Kubernetes' default grace period; the pass that
+                    // drains them comes up to an interval after the time.
+                    let lead = self.cfg.interval.max(1) as i64;
+                    let at =
+                        interruption::evict_at(self.now as i64, deadline, DEFAULT_GRACE_SECONDS, settings)
+                            - lead;
+                    if at > self.now as i64 {
+                        self.held.insert(node, at as u64);
+                    } else {
+                        self.drain_and_delete(&node, &[]);
+                    }
                 }
                 _ => {}
             }

@@ -10,9 +10,10 @@ use crate::controller::drain::{self, DrainOutcome};
 use crate::controller::snapshot::ClusterView;
 use crate::controller::status::split_pod;
 use crate::controller::{gate, provisioning, readiness};
-use crate::model::{ErrorClass, NodeGroup, NoticeKind};
+use crate::model::{ErrorClass, NodeGroup};
 use crate::planner::cluster::group_of;
 use crate::planner::decide::Command;
+use crate::planner::interruption;
 use crate::planner::Plan;
 use crate::providers::{CloudProvider, ProviderError};
 use k8s_openapi::jiff::Timestamp;
@@ -176,10 +177,13 @@ impl Controller {
             Command::DrainNode { node, reason } => {
                 self.drain_node(node, reason, None, view, groups, now).await?
             }
-            Command::InterruptNode { node, kind, grace_cap_seconds, reason } => {
-                tracing::warn!(%node, notice = kind.name(), ?grace_cap_seconds, %reason, "interruption notice: cordoning and draining");
+            Command::InterruptNode { node, kind, grace_cap_seconds, deadline, reason } => {
+                let evict_at = self.evict_at(&node, deadline, grace_cap_seconds, view, now);
+                tracing::warn!(%node, notice = kind.name(), ?grace_cap_seconds, ?evict_at, %reason, "interruption notice: cordoning and draining");
                 state.interrupted.insert(node.clone(), (kind, grace_cap_seconds));
-                self.drain_node(node, reason, Some(kind), view, groups, now).await?
+                let deadline = deadline.and_then(|d| Timestamp::from_second(d).ok());
+                let marks = drain::NoticeMarks { kind, deadline, evict_at };
+                self.drain_node(node, reason, Some(marks), view, groups, now).await?
             }
             Command::BackOffGroup { group, reason, .. } => {
                 if let Some(provider) = self.providers.provider_of(&group) {
@@ -230,13 +234,34 @@ impl Controller {
         Ok(Continue(()))
     }
 
+    /// When the pods of `node`, under a notice of the cloud taking it at `deadline`, are evicted
+    /// ([`interruption::evict_at`] for the longest grace period among them, a pass of the loop
+    /// earlier); `None` for at once.
+    fn evict_at(
+        &self,
+        node: &str,
+        deadline: Option<i64>,
+        grace_cap: Option<u32>,
+        view: &ClusterView,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        let cfg = &self.options.config;
+        let pods = view.pods_by_node.get(node).map(Vec::as_slice).unwrap_or_default();
+        let moving = pods.iter().filter(|p| !p.terminal && !p.is_node_bound());
+        let grace = moving.map(|p| p.eviction_grace(cfg)).max()?.min(grace_cap.unwrap_or(u32::MAX));
+        let pass = cfg.resync_seconds.max(cfg.batch_max_seconds).ceil() as i64;
+        let at = interruption::evict_at(now.as_second(), deadline, grace, &cfg.interruptions) - pass;
+        (at > now.as_second()).then(|| Timestamp::from_second(at).ok()).flatten()
+    }
+
     /// Starts draining `node` (cordon and mark it) if [`gate::may_drain`] allows, or for a node
-    /// under a `notice`, [`gate::may_drain_noticed`].
+    /// under a `notice`, [`gate::may_drain_noticed`]; the notice's marks go on the Node with the
+    /// drain's.
     async fn drain_node(
         &self,
         node: String,
         reason: String,
-        notice: Option<NoticeKind>,
+        notice: Option<drain::NoticeMarks>,
         view: &mut ClusterView,
         groups: &[NodeGroup],
         now: Timestamp,
@@ -254,7 +279,7 @@ impl Controller {
             return Ok(());
         }
         let in_progress = gate::InProgress::of(view.drains.keys(), &view.snapshot.nodes, groups);
-        let allowed = match notice {
+        let allowed = match notice.as_ref().map(|n| n.kind) {
             Some(kind) => gate::may_drain_noticed(n, kind, groups, &in_progress, &self.options.config),
             None => gate::may_drain(n, groups, &in_progress, &self.options.config),
         };
@@ -262,9 +287,10 @@ impl Controller {
             tracing::info!(%node, %reason, refused = %why, "not draining the node");
             return Ok(());
         }
-        if self.actuator.start_drain(&node, &reason, now).await? {
+        if self.actuator.start_drain(&node, &reason, now, notice.as_ref()).await? {
             self.observer.drain_started(&node, &reason);
-            let marks = drain::DrainMarks { started_at: now, reason, evicted: false, was_cordoned: false };
+            let marks =
+                drain::DrainMarks { started_at: now, reason, evicted: false, was_cordoned: false, notice };
             view.drains.insert(node, marks);
         }
         Ok(())
@@ -289,6 +315,14 @@ impl Controller {
         let cap = notice.and_then(|(_, cap)| cap);
         let wanted = wanted || notice.is_some();
         let step = drain::step(&marks, wanted, &pods, cfg, now);
+        // A noticed node's pods keep running until their eviction time, while the replacement
+        // boots; once an eviction was attempted, the drain goes on.
+        let evict_at = marks.notice.as_ref().and_then(|n| n.evict_at);
+        let hold = notice.is_some() && !marks.evicted && evict_at.is_some_and(|t| now < t);
+        if hold && !step.evict.is_empty() {
+            tracing::debug!(%node, ?evict_at, "interruption notice: the pods run until their eviction time");
+            return Ok(Continue(()));
+        }
         for (pod, reason) in &step.blocked {
             self.observer.eviction_blocked(pod, node, reason);
         }

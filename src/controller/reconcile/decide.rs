@@ -263,6 +263,7 @@ mod tests {
                             reason: reason.clone(),
                             evicted: false,
                             was_cordoned: false,
+                            notice: None,
                         };
                         drains.insert(node.clone(), marks);
                     }

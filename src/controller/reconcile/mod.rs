@@ -101,7 +101,7 @@ pub struct ControllerOptions {
     /// Advance simulated clouds by real elapsed time (off when a test harness drives them).
     pub drive_simulated_clock: bool,
     /// A rule broken on purpose, for the fault-injection suite's proof that its invariants fire
-    /// (`tests/k8s_safety.rs`); no config key or flag reaches it.
+    /// (`tests/e2e/k8s_safety.rs`); no config key or flag reaches it.
     #[doc(hidden)]
     pub mutant: gate::Mutant,
 }
@@ -444,6 +444,23 @@ impl Controller {
         now: Timestamp,
     ) -> Result<bool, ControllerError> {
         state.interrupted.retain(|n, _| view.drains.contains_key(n));
+        let settings = self.options.config.interruptions;
+        // A drain started for a notice says so on the Node: a restarted controller or a new
+        // leader goes on with it as noticed, though the notice itself may be gone (a queue
+        // message is deleted once handled), its pods' grace capped to the deadline written.
+        for (name, marks) in &view.drains {
+            if let Some(n) = &marks.notice {
+                let deadline = n.deadline.map(|d| d.as_second());
+                let notice = crate::model::Notice {
+                    kind: n.kind,
+                    instance: String::new(),
+                    issued_at: now.as_second(),
+                    deadline,
+                };
+                let cap = interruption::grace_cap(&notice, now.as_second(), &settings);
+                state.interrupted.entry(name.clone()).or_insert((n.kind, cap));
+            }
+        }
         let queued = self.providers.receive_notices().await;
         let mut notices = interruption::notices_from_taints(&view.snapshot.nodes, now.as_second());
         notices.extend(queued.iter().flat_map(|(_, d)| d.notices.iter().cloned()));
@@ -453,7 +470,6 @@ impl Controller {
             self.providers.acknowledge_notices(&done).await;
             return Ok(false);
         }
-        let settings = self.options.config.interruptions;
         // A node the cloud takes that is already draining (marked by this process or the one
         // before a restart) is drained as noticed: whatever the plan says, with its grace capped.
         for notice in &notices {
@@ -469,8 +485,26 @@ impl Controller {
                 state.interrupted.entry(n.name.clone()).or_insert((notice.kind, cap));
             }
         }
-        let (commands, next) = self.notice_commands(&notices, view, groups, state, now, &settings);
+        let (mut commands, next) = self.notice_commands(&notices, view, groups, state, now, &settings);
         state.interruption = next;
+        // A taint carries no deadline (the one read from it is assumed from when this process
+        // first saw it, maybe long after it was set): only a deadline the cloud stated in a
+        // queue message lets the pods run on until their eviction time.
+        for c in &mut commands {
+            if let step::Command::InterruptNode { node, deadline, .. } = c {
+                let pid = view
+                    .snapshot
+                    .nodes
+                    .iter()
+                    .find(|n| n.name == *node)
+                    .and_then(|n| n.provider_id.as_deref());
+                let stated =
+                    pid.is_some_and(|p| queued.iter().any(|(_, d)| d.notices.iter().any(|n| n.is_for(p))));
+                if !stated {
+                    *deadline = None;
+                }
+            }
+        }
         let acted = !commands.is_empty();
         if acted {
             self.execute(commands, view, groups, state, now).await?;

@@ -1,8 +1,7 @@
 //! The fake Kubernetes API server (tests/support/apiserver) driven by kube's real client,
 //! watcher and reflector over HTTP: the proof that it is faithful enough to test the controller.
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use crate::apiserver;
 
 use apiserver::{FakeApiServer, Fault, Settings};
 use futures::{StreamExt, TryStreamExt};

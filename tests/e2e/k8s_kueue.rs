@@ -8,14 +8,9 @@
 //! Workload once it is Provisioned, and ungates the pod with the consume annotation; kube-scheduler
 //! binds it onto the node gpuscale added.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/kube_cluster.rs"]
-mod kube_cluster;
-#[path = "support/provisioning_crd.rs"]
-mod provisioning_crd;
+use crate::controlplane;
+use crate::kube_cluster;
+use crate::provisioning_crd;
 
 use controlplane::Options;
 use gpuscale::planner::PlannerSettings;

@@ -1,17 +1,13 @@
 //! The controller loop against the in-process stand-in API server, kept only for what a real
 //! server cannot be made to do on demand: a chosen request failing with 500 (a flaky server in the
 //! middle of a drain) and a PodGroup CRD without installing one. Everything else runs on the real
-//! control plane in `tests/k8s_controller.rs`.
+//! control plane in `tests/e2e/k8s_controller.rs`.
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/cluster_harness.rs"]
-mod harness;
+use crate::apiserver;
+use crate::fixtures;
+use crate::harness;
 #[cfg(feature = "aws")]
-#[path = "support/moto.rs"]
-mod moto_server;
+use crate::moto_server;
 
 use apiserver::{Fault, Settings};
 use gpuscale::controller::drain::DRAIN_EVICTED;
@@ -321,9 +317,10 @@ accounts:
 
 /// The same through the AWS interruption queue, end to end: an EC2 Spot Instance Interruption
 /// Warning in SQS (moto), real-shaped as EventBridge delivers it, for an instance of an Auto
-/// Scaling group (moto) leads to one replacement in the other spot pool, the node cordoned and its
-/// pod evicted through the Eviction API, exactly once across a controller crash right after the
-/// eviction; the message is deleted once handled.
+/// Scaling group (moto) leads to one replacement in the other spot pool at once, the node cordoned
+/// at once and its pod evicted through the Eviction API just in time, at the time the drain wrote
+/// on the Node (the pod runs on while the replacement boots), exactly once across a controller
+/// crash in between; the message is deleted once handled.
 #[cfg(feature = "aws")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spot_warning_from_the_sqs_interruption_queue_replaces_and_drains_exactly_once_across_a_restart() {
@@ -396,12 +393,16 @@ async fn a_spot_warning_from_the_sqs_interruption_queue_replaces_and_drains_exac
     server.create(fixtures::node_json(pool_a, &instance));
     server.set_node_ready(&node, true);
     server.create(pod_json("ml", "train", 1, Some("ReplicaSet"), Some(&node)));
+    // The pod's grace (1 s), the margin (5 s), a pass (1 s) and a lead of 100 s: its eviction
+    // comes 13 s after the two-minute warning (EventBridge's `time` is in whole seconds).
+    let mut config = fast_config();
+    config.interruptions.eviction_lead_seconds = 100;
     let start = |replica: &str, providers| {
         fixtures::spawn_on(
             server.replica_client(replica),
             providers,
             replica,
-            fast_config(),
+            config.clone(),
             no_scale_down(),
             false,
             Default::default(),
@@ -421,14 +422,39 @@ async fn a_spot_warning_from_the_sqs_interruption_queue_replaces_and_drains_exac
         "detail": {"instance-id": bare, "instance-action": "terminate"}
     });
     sqs.send_message().queue_url(&queue_url).message_body(warning.to_string()).send().await.unwrap();
-    server
-        .wait_until(WAIT, "the pod evicted", |s| {
-            s.requests().iter().any(|r| r.path.ends_with("/pods/train/eviction") && r.status == 201)
-        })
-        .await;
+    let evict_at_of = |s: &apiserver::FakeApiServer| {
+        let n = s.get("nodes", "", &node)?;
+        n["metadata"]["annotations"][gpuscale::controller::drain::DRAIN_EVICT_AT]
+            .as_str()?
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .ok()
+    };
+    server.wait_until(WAIT, "the drain's eviction time on the Node", |s| evict_at_of(s).is_some()).await;
+    let evict_at = evict_at_of(&server).unwrap();
+    let left = evict_at.duration_since(k8s_openapi::jiff::Timestamp::now()).as_secs_f64();
+    assert!((5.0..=14.0).contains(&left), "the pod runs until 13 s after the warning, {left} s from now");
+    // The replacement is raised right after the drain's marks (they come first, so that a crash
+    // in between never raises two), in the other pool.
+    let raised = std::time::Instant::now();
+    while desired("b").await == 0 && raised.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(desired("b").await, 1, "the replacement raised at once, in the other pool");
+    let evicted_train = |s: &apiserver::FakeApiServer| {
+        s.requests().iter().filter(|r| r.path.ends_with("/pods/train/eviction") && r.status == 201).count()
+    };
+    assert_eq!(evicted_train(&server), 0, "no eviction before its time");
     first.task.abort(); // a crash in the middle
     let _ = first.task.await;
     let second = start("b", queue_providers(&endpoint, &run, &queue).await);
+    // The new leader keeps the time written on the Node: nothing evicted until just before it.
+    let before = evict_at - k8s_openapi::jiff::SignedDuration::from_millis(1500);
+    let wait = before.duration_since(k8s_openapi::jiff::Timestamp::now());
+    if wait.is_positive() {
+        tokio::time::sleep(wait.unsigned_abs()).await;
+    }
+    assert_eq!(evicted_train(&server), 0, "no eviction before its time, by the new leader either");
+    server.wait_until(WAIT, "the pod evicted", |s| evicted_train(s) > 0).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(desired("b").await, 1, "one replacement, in the other pool");
     let evicted = server

@@ -4,14 +4,9 @@
 //! wait for `Provisioned=True`, then create the pods with the consume annotation. kube-scheduler,
 //! not gpuscale, binds the pods.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/kube_cluster.rs"]
-mod kube_cluster;
-#[path = "support/provisioning_crd.rs"]
-mod provisioning_crd;
+use crate::controlplane;
+use crate::kube_cluster;
+use crate::provisioning_crd;
 
 use controlplane::Options;
 use gpuscale::planner::PlannerSettings;

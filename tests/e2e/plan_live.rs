@@ -5,10 +5,8 @@
 //! `kubectl get nodes,pods,pdb -A -o json` exports them, and show both controller views (the drain
 //! as before it, the half-advertised node still starting).
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/dra.rs"]
-mod dra;
+use crate::controlplane;
+use crate::dra;
 
 use controlplane::{object_path, ControlPlane, Options};
 use serde_json::{json, Value};

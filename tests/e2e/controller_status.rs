@@ -3,8 +3,7 @@
 //! it server-side applies, dry-run wording, failures counted and never fatal, and that every
 //! request it made is allowed by the RBAC rules of `controller::rbac`.
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
+use crate::apiserver;
 
 use apiserver::{FakeApiServer, Fault, RecordedRequest};
 use gpuscale::controller::health::Health;

@@ -2,13 +2,11 @@
 //! one merge patch of the one annotation, only on material changes, and only requests the agent's
 //! RBAC rules (`controller::rbac::AGENT_CLUSTER_RULES`) allow.
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-#[path = "support/telemetry.rs"]
-mod telemetry;
+use crate::apiserver;
+use crate::telemetry;
 
 use apiserver::FakeApiServer;
-use gpuscale::agent::NodeAnnotator;
+use gpuscale::agent::{NodeAnnotator, INTERRUPTION_CONDITION};
 use gpuscale::controller::rbac::{allows, request_attributes, AGENT_CLUSTER_RULES};
 use gpuscale::model::{NodeTelemetry, TELEMETRY_ANNOTATION};
 use serde_json::json;
@@ -42,6 +40,20 @@ fn agent_writes(server: &FakeApiServer) -> Vec<apiserver::RecordedRequest> {
         );
     }
     requests.into_iter().filter(|r| r.method == "PATCH").collect()
+}
+
+/// The agent's node writes split into taint writes (the Node) and condition writes (its status).
+fn taint_and_condition_writes(writes: &[apiserver::RecordedRequest]) -> (usize, usize) {
+    let status = writes.iter().filter(|r| r.path.ends_with("/status")).count();
+    (writes.len() - status, status)
+}
+
+/// The node's [`INTERRUPTION_CONDITION`]: (status, reason).
+fn interruption_condition(server: &FakeApiServer, node: &str) -> Option<(String, String)> {
+    let n = server.get("nodes", "", node)?;
+    let c =
+        n["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == INTERRUPTION_CONDITION)?.clone();
+    Some((c["status"].as_str()?.to_string(), c["reason"].as_str()?.to_string()))
 }
 
 fn published(server: &FakeApiServer, name: &str) -> Option<NodeTelemetry> {
@@ -214,7 +226,10 @@ async fn stop_agent(
 ) -> Vec<apiserver::RecordedRequest> {
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(30), task).await.expect("agent stopped").unwrap().unwrap();
-    agent_writes(server).into_iter().filter(|r| r.body.contains("taints")).collect()
+    agent_writes(server)
+        .into_iter()
+        .filter(|r| r.body.contains("taints") || r.path.ends_with("/status"))
+        .collect()
 }
 
 /// ec2-metadata-mock serving IMDSv2 only on a free port, with `args` (its mode and timings).
@@ -233,8 +248,8 @@ fn start_aemm(args: &[&str]) -> (Killed, String) {
 /// The agent's watch of the instance metadata service, against AWS's own simulator serving
 /// IMDSv2 only, which announces a rebalance recommendation at once and the spot interruption 10 s
 /// later: the node is tainted `gpuscale.io/interruption=rebalance`, then `=spot-interruption`
-/// (what the controller reacts to), one write per kind, its other taints kept, with only
-/// requests the agent's RBAC allows.
+/// (what the controller reacts to) and sets its `InterruptionNotice` condition, one write of each
+/// per kind, its other taints and conditions kept, with only requests the agent's RBAC allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
     let (_aemm, endpoint) = start_aemm(&["spot", "-d", "10"]);
@@ -242,6 +257,7 @@ async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
     let server = FakeApiServer::start().await;
     let mut n = node("gpu-node-3");
     n["spec"] = json!({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]});
+    n["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]});
     server.create(n);
     let agent = start_agent(&server, "gpu-node-3", gpuscale::agent::MetadataCloud::Aws, endpoint);
     taint_within(&server, "gpu-node-3", "rebalance", Duration::from_secs(30)).await;
@@ -257,7 +273,14 @@ async fn a_spot_notice_in_the_metadata_service_taints_the_node_once() {
             {"key": "gpuscale.io/interruption", "value": "spot-interruption", "effect": "NoSchedule"}
         ])
     );
-    assert_eq!(writes.len(), 2, "one per kind: {writes:?}");
+    assert_eq!(taint_and_condition_writes(&writes), (2, 2), "one of each per kind: {writes:?}");
+    // The condition beside the taint, with the other conditions kept.
+    assert_eq!(
+        interruption_condition(&server, "gpu-node-3"),
+        Some(("True".into(), "SpotInterruption".into()))
+    );
+    let conditions = server.get("nodes", "", "gpu-node-3").unwrap()["status"]["conditions"].clone();
+    assert!(conditions.as_array().unwrap().iter().any(|c| c["type"] == "Ready"), "{conditions:#}");
 }
 
 /// Scheduled maintenance as the simulator serves it (`events`): an active `instance-stop` taints
@@ -277,7 +300,12 @@ async fn scheduled_maintenance_in_the_metadata_service_taints_the_node_while_act
     assert_eq!(interruption_taint(&server, "gpu-node-6"), None);
     stop_agent(&server, other).await;
     let writes = stop_agent(&server, agent).await;
-    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(taint_and_condition_writes(&writes), (1, 1), "{writes:?}");
+    assert_eq!(
+        interruption_condition(&server, "gpu-node-5"),
+        Some(("True".into(), "ScheduledMaintenance".into()))
+    );
+    assert_eq!(interruption_condition(&server, "gpu-node-6"), None);
 }
 
 /// The GCE metadata server, as much of it as the agent reads: the instance directory
@@ -369,7 +397,11 @@ async fn a_gce_preemption_in_the_metadata_server_taints_the_node_at_once() {
     assert!(took < Duration::from_secs(5), "the preemption taint took {took:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let writes = stop_agent(&server, agent).await;
-    assert_eq!(writes.len(), 2, "one per kind: {writes:?}");
+    assert_eq!(taint_and_condition_writes(&writes), (2, 2), "one of each per kind: {writes:?}");
+    assert_eq!(
+        interruption_condition(&server, "gpu-node-4"),
+        Some(("True".into(), "SpotInterruption".into()))
+    );
     // Without the header the server refuses, as the real one does (the agent always sends it).
     let refused = get_without_header(&gce.endpoint).await;
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");

@@ -16,17 +16,14 @@
 //!    last successful write of the Lease before the write is its own, within the Lease's duration.
 //!
 //! Each scenario runs with the seeds of `GPUSCALE_SAFETY_SEEDS` (default `1,2`; more with
-//! `GPUSCALE_SAFETY_SEEDS=1,2,3,4,5,6,7,8 cargo test --all-features --test k8s_safety`, and for
+//! `GPUSCALE_SAFETY_SEEDS=1,2,3,4,5,6,7,8 cargo test --all-features --test e2e k8s_safety::`, and for
 //! hours, new seeds each round, with `scripts/safety-soak.sh HOURS`), and each
 //! invariant is shown to fire by a controller with one rule broken on purpose
 //! (`gate::Mutant`).
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/kube_cluster.rs"]
-mod kube_cluster;
+use crate::controlplane;
+use crate::fixtures;
+use crate::kube_cluster;
 
 use controlplane::Options;
 use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT};

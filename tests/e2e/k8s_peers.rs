@@ -8,14 +8,7 @@
 //!
 //! The full table is `scripts/peers.sh table` (the ignored `peer_table` test).
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/kube_cluster.rs"]
-mod kube_cluster;
-#[path = "support/peers.rs"]
-mod peers;
+use crate::peers;
 
 use peers::{burst, gang, load_drop, record, run, Autoscaler, Figures};
 use std::time::Duration;

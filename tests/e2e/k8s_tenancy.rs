@@ -3,12 +3,9 @@
 //! Eviction API (once, though the victim takes a while to go), kube-scheduler binds the reclaiming
 //! pod in its place, and nothing is scaled.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/kube_cluster.rs"]
-mod kube_cluster;
+use crate::controlplane;
+use crate::fixtures;
+use crate::kube_cluster;
 
 use controlplane::Options;
 use gpuscale::planner::PlannerSettings;

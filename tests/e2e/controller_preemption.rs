@@ -2,12 +2,8 @@
 //! what a real server cannot be made to do on demand: refuse one victim's eviction although the
 //! plan saw its budget allow it (the budget changed after the snapshot).
 
-#[path = "support/apiserver/mod.rs"]
-mod apiserver;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/cluster_harness.rs"]
-mod harness;
+use crate::apiserver;
+use crate::harness;
 
 use apiserver::{Fault, RecordedRequest, Settings};
 use gpuscale::planner::PlannerSettings;

@@ -18,8 +18,7 @@
 //! exercises, and fails the test. `GPUSCALE_DIFF_SNAPSHOTS` (default 500) and `GPUSCALE_DIFF_SEED`
 //! (default 1) choose the set.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
+use crate::controlplane;
 
 use controlplane::{ControlPlane, Options};
 use futures::StreamExt;

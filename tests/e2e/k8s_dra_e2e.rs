@@ -5,10 +5,8 @@
 //! whose claims kube-controller-manager's resourceclaim controller generates for each pod; and a
 //! node with GPUs both through the device plugin and through DRA.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/dra.rs"]
-mod dra;
+use crate::controlplane;
+use crate::dra;
 
 use controlplane::{ControlPlane, Options};
 use dra::*;

@@ -3,10 +3,8 @@
 //! (`?dryRun=All`, nothing stored). A fixture a real cluster could never hold (a label value with
 //! spaces, a bad name) would make our plans about clusters that cannot exist.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/provisioning_crd.rs"]
-mod provisioning_crd;
+use crate::controlplane;
+use crate::provisioning_crd;
 
 use controlplane::{ControlPlane, Options};
 use std::collections::BTreeSet;

@@ -3,14 +3,10 @@
 //! simulated cloud whose instances register as Nodes, and controller replicas running as
 //! ServiceAccounts with exactly the chart's RBAC. kube-scheduler, not gpuscale, binds the pods.
 
-#[path = "support/controlplane.rs"]
-mod controlplane;
-#[path = "support/dra.rs"]
-mod dra;
-#[path = "support/controller_fixtures.rs"]
-mod fixtures;
-#[path = "support/kube_cluster.rs"]
-mod kube_cluster;
+use crate::controlplane;
+use crate::dra;
+use crate::fixtures;
+use crate::kube_cluster;
 
 use controlplane::Options;
 use gpuscale::controller::drain::{DISRUPTING_TAINT, DRAIN_EVICTED, DRAIN_REASON, DRAIN_STARTED_AT};
