@@ -102,20 +102,6 @@ build_cluster_autoscaler() {
     chmod -R u+w "$src" && rm -rf "$src"
 }
 cluster_autoscaler() {
-    local out="$1" src="$1/src"
-    local proxy="${GOPROXY:-https://proxy.golang.org}"
-    proxy="${proxy%%,*}"
-    command -v curl >/dev/null && command -v unzip >/dev/null || die "curl and unzip are needed"
-    curl -fsSL -o "$out/ca.zip" "$proxy/$ca_module/@v/$ca_version.zip"
-    mkdir -p "$src"
-    unzip -q "$out/ca.zip" -d "$src"
-    rm "$out/ca.zip"
-    local tree="$src/$ca_module@$ca_version"
-    (cd "$tree" && go mod edit -dropreplace=k8s.io/autoscaler/cluster-autoscaler/apis \
-        && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/cluster-autoscaler" .)
-    chmod -R u+w "$src" && rm -rf "$src"
-}
-cluster_autoscaler() {
     cached "$root/cluster-autoscaler/$ca_version" cluster-autoscaler build_cluster_autoscaler
 }
 

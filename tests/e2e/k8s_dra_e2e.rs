@@ -224,27 +224,56 @@ async fn bound_as_planned(
         post(p.clone()).await;
     }
 
+    // kube-scheduler's informers see the slices, classes and pods in no set order, so a pod can be
+    // marked Unschedulable once and bound when the missing object arrives: only a binding is
+    // final. Wait for agreement (failing at once on a binding the plan does not make), then hold
+    // it a few seconds so a pod the plan leaves pending is not bound by a retry.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut got: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut agreed_since: Option<Instant> = None;
     loop {
-        got.clear();
-        let list = cp.raw("GET", "/api/v1/namespaces/ml/pods", None).await.expect("list pods");
-        for p in list["items"].as_array().unwrap() {
-            let id = format!("ml/{}", p["metadata"]["name"].as_str().unwrap());
-            if let Some(n) = p["spec"]["nodeName"].as_str() {
-                got.insert(id, Some(n.to_string()));
-            } else if p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
-                c["type"] == "PodScheduled" && c["status"] == "False" && c["reason"] == "Unschedulable"
-            }) {
-                got.insert(id, None);
+        let got = decisions(&cp).await;
+        let wrong: Vec<_> =
+            got.iter().filter(|(id, n)| n.is_some() && expected.get(*id) != Some(*n)).collect();
+        assert!(
+            wrong.is_empty(),
+            "kube-scheduler bound {wrong:?} where the plan does not: kube-scheduler (left) and the plan (right) disagree\n{got:?}\n{expected:?}\n{}",
+            cp.scheduler_log()
+        );
+        if got == expected {
+            let since = *agreed_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_secs(3) {
+                break;
             }
+        } else {
+            agreed_since = None;
         }
-        if got.len() == pods.len() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "kube-scheduler decided only {got:?}\n{}", cp.scheduler_log());
+        assert!(
+            Instant::now() < deadline,
+            "after 120 s kube-scheduler (left) and the plan (right) disagree\n{got:?}\n{expected:?}\n{}",
+            cp.scheduler_log()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(got, expected, "kube-scheduler (left) and the plan (right) disagree\n{}", cp.scheduler_log());
     cp
+}
+
+/// kube-scheduler's decision so far for each pod: the node it is bound to, or `None` once it is
+/// marked Unschedulable.
+async fn decisions(cp: &ControlPlane) -> BTreeMap<String, Option<String>> {
+    let mut got = BTreeMap::new();
+    let list = cp.raw("GET", "/api/v1/namespaces/ml/pods", None).await.expect("list pods");
+    for p in list["items"].as_array().unwrap() {
+        let id = format!("ml/{}", p["metadata"]["name"].as_str().unwrap());
+        if let Some(n) = p["spec"]["nodeName"].as_str() {
+            got.insert(id, Some(n.to_string()));
+        } else if p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "PodScheduled" && c["status"] == "False" && c["reason"] == "Unschedulable")
+        {
+            got.insert(id, None);
+        }
+    }
+    got
 }

@@ -10,7 +10,7 @@
 
 use crate::peers;
 
-use peers::{burst, gang, load_drop, record, run, Autoscaler, Figures};
+use peers::{burst, gang, load_drop, mig, record, run, time_sliced, Autoscaler, Figures};
 use std::time::Duration;
 
 const KARPENTER: &str = "GPUSCALE_KARPENTER_BIN";
@@ -24,7 +24,7 @@ async fn smoke(a: Autoscaler) {
     eprintln!("{}\n{}", Figures::header(), f.row());
     assert_eq!(f.never_bound, 0, "{} left pods unbound: {f:?}", a.name());
     assert!(f.launched >= 1, "{} launched no node: {f:?}", a.name());
-    assert!(f.gpus_end.0 >= 4 && f.gpus_end.1 == 4, "{}: GPUs at the end {:?}", a.name(), f.gpus_end);
+    assert!(f.gpus_end.1 >= 4 && f.gpus_end.2 == 4, "{}: GPUs at the end {:?}", a.name(), f.gpus_end);
     assert!(f.p95_bind_s >= peers::BOOT.as_secs_f64() - 1.0, "bound before any node could boot: {f:?}");
     assert!(f.cost_usd > 0.0);
 }
@@ -32,6 +32,17 @@ async fn smoke(a: Autoscaler) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_gpuscale() {
     smoke(Autoscaler::Gpuscale).await;
+}
+
+/// Eight pods of one `nvidia.com/gpu` on GPUs time-sliced four ways: gpuscale buys two physical
+/// GPUs (the two cheapest nodes that hold them), not eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_gpuscale_time_sliced() {
+    let f = run(&Autoscaler::Gpuscale, &time_sliced(8, 4, Duration::from_secs(30))).await;
+    eprintln!("{}\n{}", Figures::header(), f.row());
+    assert_eq!(f.never_bound, 0, "{f:?}");
+    assert_eq!(f.gpus_end, (2, 8, 8), "physical / advertised / used GPUs: {f:?}");
+    assert_eq!(f.types.get("g6.xlarge"), Some(&2), "{f:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,24 +66,43 @@ async fn smoke_cluster_autoscaler() {
 }
 
 /// The table of docs/peers.md: every scenario with every autoscaler (both peers required).
+/// `GPUSCALE_PEERS_SCENARIOS` (comma-separated words, e.g. `mig,time-sliced`) keeps the scenarios
+/// whose name holds one of them, and `GPUSCALE_PEERS_AUTOSCALERS` (`gpuscale,karpenter,cluster-autoscaler`)
+/// the autoscalers named; only the peers kept are required.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes per run; `scripts/peers.sh table`"]
 async fn peer_table() {
+    let wanted = |var: &str, name: &str| {
+        std::env::var(var).map_or(true, |v| {
+            v.split(',')
+                .any(|w| !w.trim().is_empty() && name.to_lowercase().contains(&w.trim().to_lowercase()))
+        })
+    };
     let need = |var, make| {
         Autoscaler::from_env(var, make)
             .unwrap_or_else(|| panic!("{var} is unset: run `scripts/peers.sh table`"))
     };
-    let all = [
-        Autoscaler::Gpuscale,
-        need(KARPENTER, Autoscaler::Karpenter),
-        need(CLUSTER_AUTOSCALER, Autoscaler::ClusterAutoscaler),
-    ];
+    let mut all = Vec::new();
+    if wanted("GPUSCALE_PEERS_AUTOSCALERS", "gpuscale") {
+        all.push(Autoscaler::Gpuscale);
+    }
+    if wanted("GPUSCALE_PEERS_AUTOSCALERS", "karpenter") {
+        all.push(need(KARPENTER, Autoscaler::Karpenter));
+    }
+    if wanted("GPUSCALE_PEERS_AUTOSCALERS", "cluster-autoscaler") {
+        all.push(need(CLUSTER_AUTOSCALER, Autoscaler::ClusterAutoscaler));
+    }
     let n = std::env::var("GPUSCALE_PEERS_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
     let scenarios = [
         burst(n, Duration::from_secs(90)),
+        time_sliced(48, 4, Duration::from_secs(90)),
+        mig(4, 16, Duration::from_secs(90)),
         gang(4, 8, Duration::from_secs(60)),
         load_drop(8, 2, Duration::from_secs(100)),
     ];
+    let scenarios: Vec<_> =
+        scenarios.into_iter().filter(|s| wanted("GPUSCALE_PEERS_SCENARIOS", &s.name)).collect();
+    assert!(!scenarios.is_empty() && !all.is_empty(), "GPUSCALE_PEERS_SCENARIOS / _AUTOSCALERS keep nothing");
     record(&Figures::header());
     for s in &scenarios {
         for a in &all {

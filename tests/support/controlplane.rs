@@ -634,7 +634,7 @@ pub fn object_path(obj: &Value) -> String {
             let l = k.to_ascii_lowercase();
             if l.ends_with('s') {
                 format!("{l}es")
-            } else if let Some(stem) = l.strip_suffix('y') {
+            } else if let Some(stem) = l.strip_suffix('y').filter(|s| !s.ends_with(['a', 'e', 'o', 'u'])) {
                 format!("{stem}ies")
             } else {
                 format!("{l}s")

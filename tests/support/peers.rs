@@ -18,7 +18,7 @@
 #![allow(dead_code)]
 
 use crate::controlplane::Options;
-use crate::kube_cluster::{fast_config, spawn_replica, ControllerConfig, KubeCluster, Replica};
+use crate::kube_cluster::{fast_config, node_json, spawn_replica, ControllerConfig, KubeCluster, Replica};
 use gpuscale::planner::PlannerSettings;
 use gpuscale::providers::catalog;
 use k8s_openapi::jiff::Timestamp;
@@ -36,15 +36,39 @@ use std::time::{Duration, Instant};
 pub const BOOT: Duration = Duration::from_secs(5);
 /// The one zone every instance type is offered in.
 pub const ZONE: &str = "us-east-1a";
-/// The instance types all three may buy: the L4 family of gpuscale's catalog, from 1 to 8 GPUs.
-pub const TYPES: &[&str] =
+/// The instance types all three may buy in most scenarios: the L4 family of gpuscale's catalog,
+/// from 1 to 8 GPUs.
+pub const L4_TYPES: &[&str] =
     &["g6.xlarge", "g6.2xlarge", "g6.4xlarge", "g6.12xlarge", "g6.24xlarge", "g6.48xlarge"];
+/// The MIG-capable type of the catalog with the cheapest GPUs: 8 A100-40GB.
+pub const A100_TYPES: &[&str] = &["p4d.24xlarge"];
 /// Seconds after which an unneeded node may go, for all three (Karpenter's `consolidateAfter`,
 /// Cluster Autoscaler's `--scale-down-unneeded-time`, gpuscale's `scaleDownUnneededSeconds`).
 pub const UNNEEDED_SECONDS: u64 = 10;
 
 /// The annotation both peers' kwok providers put on the Nodes they create.
 const KWOK_NODE: &str = "kwok.x-k8s.io/node";
+
+/// What every autoscaler may buy in a scenario, and how the cluster's NVIDIA device plugin (and
+/// GPU feature discovery) present those nodes' GPUs once booted, for every autoscaler's nodes
+/// alike.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    /// The instance types, one node group each (on-demand, one zone).
+    pub types: &'static [&'static str],
+    /// gpuscale's `gpuSharing` for every group, as YAML: `{}` (whole GPUs),
+    /// `{timeSlicing: {replicas: 4}}`, `{mig: all-balanced}`. What a booted node advertises
+    /// follows from it as in the test suite's kubelet ([`node_json`]), which the plan-versus-
+    /// kube-scheduler tests hold to the device plugin's resource names.
+    pub sharing: String,
+}
+
+impl Fleet {
+    /// Whole GPUs of the L4 family.
+    pub fn whole_l4() -> Fleet {
+        Fleet { types: L4_TYPES, sharing: "{}".into() }
+    }
+}
 
 /// An autoscaler under test.
 #[derive(Debug, Clone)]
@@ -63,6 +87,7 @@ impl Autoscaler {
     pub fn name(&self) -> &'static str {
         match self {
             Autoscaler::Gpuscale => "gpuscale",
+            Autoscaler::Karpenter(_) if !karpenter_overlays() => "Karpenter (no NodeOverlay)",
             Autoscaler::Karpenter(_) => "Karpenter",
             Autoscaler::ClusterAutoscaler(_) => "Cluster Autoscaler",
         }
@@ -84,7 +109,8 @@ pub fn price(instance_type: &str) -> f64 {
         .unwrap_or_else(|| panic!("no catalog price for {instance_type}"))
 }
 
-/// What a node of `t` offers pods (the catalog's allocatable: the same capacity for all three).
+/// What a node of `t` offers pods before its device plugin runs (the catalog's allocatable: the
+/// same capacity for all three), with one `nvidia.com/gpu` per physical GPU.
 fn resources(t: &str) -> Value {
     let spec = catalog::lookup(t).unwrap();
     let a = catalog::allocatable(spec);
@@ -96,15 +122,38 @@ fn resources(t: &str) -> Value {
     })
 }
 
+/// The GPU resources (`nvidia.com/gpu` or `nvidia.com/mig-<profile>`) and GPU feature discovery's
+/// labels of a booted node of type `t` in `c`'s fleet: those of gpuscale's group of that type.
+fn device_plugin_view(
+    c: &KubeCluster,
+    t: &str,
+) -> (serde_json::Map<String, Value>, serde_json::Map<String, Value>) {
+    let group =
+        c.groups().into_iter().find(|g| g.instance_type == t).unwrap_or_else(|| panic!("no group of {t}"));
+    let node = node_json(&group, "aws:///us-east-1a/i-template");
+    let gpu_keys = |v: &Value| -> serde_json::Map<String, Value> {
+        v.as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with("nvidia.com/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    (gpu_keys(&node["status"]["allocatable"]), gpu_keys(&node["metadata"]["labels"]))
+}
+
 /// gpuscale's provider config: one group per type, empty, booting in no cloud time (the boot is
-/// [`KubeCluster::ready_after`], from registration, as for the peers' nodes).
-pub fn gpuscale_providers() -> String {
-    let groups: String = TYPES
+/// [`KubeCluster::ready_after`], from registration, as for the peers' nodes), its GPUs shared as
+/// the device plugin is configured (`gpuSharing`).
+pub fn gpuscale_providers(fleet: &Fleet) -> String {
+    let groups: String = fleet
+        .types
         .iter()
         .map(|t| {
             format!(
-                "      - {{name: {}, instanceType: {t}, zones: [{ZONE}], minSize: 0, maxSize: 200, targetSize: 0}}\n",
-                t.replace('.', "-")
+                "      - {{name: {}, instanceType: {t}, zones: [{ZONE}], minSize: 0, maxSize: 200, targetSize: 0, gpuSharing: {}}}\n",
+                t.replace('.', "-"),
+                fleet.sharing
             )
         })
         .collect();
@@ -113,9 +162,13 @@ pub fn gpuscale_providers() -> String {
     )
 }
 
-/// Karpenter's instance-type file (`kwok/cloudprovider/helpers.go` `InstanceTypeOptions`).
-pub fn karpenter_instance_types() -> Value {
-    let types: Vec<Value> = TYPES
+/// Karpenter's instance-type file (`kwok/cloudprovider/helpers.go` `InstanceTypeOptions`), with
+/// one `nvidia.com/gpu` per physical GPU whatever the sharing: Karpenter's AWS provider takes the
+/// count from EC2's GPU info and has no setting for time-slicing replicas or MIG instances
+/// (kubernetes-sigs/karpenter#729, open), so the kwok file says what the real provider would.
+pub fn karpenter_instance_types(fleet: &Fleet) -> Value {
+    let types: Vec<Value> = fleet
+        .types
         .iter()
         .map(|t| {
             json!({
@@ -130,17 +183,56 @@ pub fn karpenter_instance_types() -> Value {
     Value::Array(types)
 }
 
+/// Whether Karpenter is given [`karpenter_node_overlays`]: yes unless
+/// `GPUSCALE_PEERS_KARPENTER_OVERLAYS=off` (Karpenter as installed, which counts physical GPUs).
+fn karpenter_overlays() -> bool {
+    std::env::var("GPUSCALE_PEERS_KARPENTER_OVERLAYS").map_or(true, |v| v != "off")
+}
+
+/// Karpenter's NodeOverlays (alpha, `NodeOverlay` feature gate): for each type whose booted nodes
+/// advertise GPU resources other than one `nvidia.com/gpu` per GPU (time-slicing replicas, MIG
+/// instances), the resources they do advertise, which Karpenter adds to the instance type's
+/// capacity (`cloudprovider.InstanceType.ApplyCapacityOverlay`, replacing a key it already has).
+/// This is what a Karpenter user can declare; `nvidia.com/gpu` itself cannot be removed from a MIG
+/// type.
+pub fn karpenter_node_overlays(c: &KubeCluster, fleet: &Fleet) -> Vec<Value> {
+    fleet
+        .types
+        .iter()
+        .filter_map(|t| {
+            let (gpu, _) = device_plugin_view(c, t);
+            let physical = resources(t)["nvidia.com/gpu"].clone();
+            let plain = gpu.len() == 1 && gpu.get("nvidia.com/gpu") == Some(&physical);
+            (!plain).then(|| {
+                json!({"apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+                    "metadata": {"name": format!("gpu-sharing-{}", t.replace('.', "-"))},
+                    "spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [t]}],
+                        "capacity": gpu}})
+            })
+        })
+        .collect()
+}
+
 /// Cluster Autoscaler's kwok provider ConfigMaps: its config and one node-group template per type
-/// (no prices: its kwok provider has no pricing, hence `--expander=least-waste`).
-pub fn cluster_autoscaler_configmaps() -> [Value; 2] {
+/// (no prices: its kwok provider has no pricing, hence `--expander=least-waste`). The templates
+/// advertise the GPU resources a booted node does (time-slicing replicas, MIG instances): on AWS a
+/// Cluster Autoscaler user says so with the group's
+/// `k8s.io/cluster-autoscaler/node-template/resources/<name>` tags, which override the instance
+/// type's GPU count (cloudprovider/aws/aws_manager.go:280-288 at adfbe7e45277).
+pub fn cluster_autoscaler_configmaps(c: &KubeCluster, fleet: &Fleet) -> [Value; 2] {
     let config = "apiVersion: v1alpha1\nreadNodesFrom: configmap\nnodegroups:\n  fromNodeLabelKey: node.kubernetes.io/instance-type\n\
          nodes:\n  skipTaint: true\n  gpuConfig:\n    gpuLabelKey: k8s.amazonaws.com/accelerator\n    availableGPUTypes:\n      nvidia-l4: {}\n\
          configmap:\n  name: kwok-provider-templates\n"
     .to_string();
-    let templates: Vec<Value> = TYPES
+    let templates: Vec<Value> = fleet
+        .types
         .iter()
         .map(|t| {
-            json!({
+            let mut res = resources(t);
+            res.as_object_mut().unwrap().remove("nvidia.com/gpu");
+            let (gpu, labels) = device_plugin_view(c, t);
+            res.as_object_mut().unwrap().extend(gpu);
+            let mut template = json!({
                 "apiVersion": "v1", "kind": "Node",
                 // Annotations must be a map, not absent: the provider writes into it.
                 "metadata": {"name": format!("template-{}", t.replace('.', "-")),
@@ -149,8 +241,10 @@ pub fn cluster_autoscaler_configmaps() -> [Value; 2] {
                         "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": ZONE,
                         "topology.kubernetes.io/region": "us-east-1",
                         "k8s.amazonaws.com/accelerator": "nvidia-l4"}},
-                "status": {"capacity": resources(t), "allocatable": resources(t)},
-            })
+                "status": {"capacity": res, "allocatable": res},
+            });
+            template["metadata"]["labels"].as_object_mut().unwrap().extend(labels);
+            template
         })
         .collect();
     let list = json!({"apiVersion": "v1", "kind": "List", "items": templates});
@@ -233,7 +327,7 @@ pub fn gpuscale_config() -> ControllerConfig {
     }
 }
 
-async fn start(c: &Arc<KubeCluster>, a: &Autoscaler) -> Running {
+async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, fleet: &Fleet) -> Running {
     let dir = c.cp.dir().to_path_buf();
     let kubeconfig = c.cp.admin_kubeconfig.display().to_string();
     match a {
@@ -260,9 +354,22 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler) -> Running {
             }
             wait_established(
                 c,
-                &["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "kwoknodeclasses.karpenter.kwok.sh"],
+                &[
+                    "nodepools.karpenter.sh",
+                    "nodeclaims.karpenter.sh",
+                    "nodeoverlays.karpenter.sh",
+                    "kwoknodeclasses.karpenter.kwok.sh",
+                ],
             )
             .await;
+            let overlays: Vec<Value> =
+                karpenter_node_overlays(c, fleet).into_iter().filter(|_| karpenter_overlays()).collect();
+            // The gate only with overlays: with it on, Karpenter provisions nothing for a NodePool
+            // until its overlay controller has run, which no event starts when there is no overlay.
+            let gates = if overlays.is_empty() { "NodeOverlay=false" } else { "NodeOverlay=true" };
+            for overlay in overlays {
+                c.cp.apply(overlay).await;
+            }
             c.cp.apply(json!({"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
                 "metadata": {"name": "default"}, "spec": {}}))
                 .await;
@@ -284,7 +391,7 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler) -> Running {
                         "consolidateAfter": format!("{UNNEEDED_SECONDS}s")}}}))
                 .await;
             let types = dir.join("karpenter-instance-types.json");
-            std::fs::write(&types, karpenter_instance_types().to_string()).unwrap();
+            std::fs::write(&types, karpenter_instance_types(fleet).to_string()).unwrap();
             let env = [
                 ("KUBECONFIG", kubeconfig),
                 ("INSTANCE_TYPES_FILE_PATH", types.display().to_string()),
@@ -292,11 +399,13 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler) -> Running {
                 ("METRICS_PORT", free_port().to_string()),
                 ("HEALTH_PROBE_PORT", free_port().to_string()),
                 ("LOG_LEVEL", "info".into()),
+                // NodeOverlay (alpha) is how a Karpenter user declares shared GPUs' capacity.
+                ("FEATURE_GATES", gates.into()),
             ];
             Running::Peer(Process::spawn(bin, "karpenter-kwok", &[], &env, dir.join("karpenter.log")))
         }
         Autoscaler::ClusterAutoscaler(bin) => {
-            for cm in cluster_autoscaler_configmaps() {
+            for cm in cluster_autoscaler_configmaps(c, fleet) {
                 c.cp.apply(cm).await;
             }
             let args: Vec<String> = [
@@ -367,6 +476,8 @@ pub enum Step {
 pub struct Scenario {
     /// Its name in the table.
     pub name: String,
+    /// What may be bought, and how its GPUs are shared.
+    pub fleet: Fleet,
     /// What happens.
     pub steps: Vec<Step>,
     /// Length of the run (the window over which $ are counted), the same for every autoscaler.
@@ -374,18 +485,35 @@ pub struct Scenario {
 }
 
 /// A ReplicaSet `ml/<name>` of `replicas` pods, each asking `gpus` GPUs (limits too, as the device
-/// plugin requires), `cpu` cores and `mem_gi` GiB.
-pub fn replica_set(name: &str, replicas: u32, gpus: u32, cpu: u32, mem_gi: u32) -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": "ml"},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec(gpus, cpu, mem_gi)}}})
+/// plugin requires), `cpu_milli` millicores and `mem_gi` GiB.
+pub fn replica_set(name: &str, replicas: u32, gpus: u32, cpu_milli: u32, mem_gi: u32) -> Value {
+    replica_set_of(name, replicas, "nvidia.com/gpu", gpus, cpu_milli, mem_gi)
 }
 
-fn pod_spec(gpus: u32, cpu: u32, mem_gi: u32) -> Value {
+/// [`replica_set`] of pods asking `count` of the device plugin's `resource` (e.g. a MIG profile's
+/// `nvidia.com/mig-1g.5gb`).
+pub fn replica_set_of(
+    name: &str,
+    replicas: u32,
+    resource: &str,
+    count: u32,
+    cpu_milli: u32,
+    mem_gi: u32,
+) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec_of(resource, count, cpu_milli, mem_gi)}}})
+}
+
+fn pod_spec(gpus: u32, cpu_milli: u32, mem_gi: u32) -> Value {
+    pod_spec_of("nvidia.com/gpu", gpus, cpu_milli, mem_gi)
+}
+
+fn pod_spec_of(resource: &str, count: u32, cpu_milli: u32, mem_gi: u32) -> Value {
     json!({
         "containers": [{"name": "main", "image": "busybox", "resources": {
-            "requests": {"cpu": cpu.to_string(), "memory": format!("{mem_gi}Gi"), "nvidia.com/gpu": gpus.to_string()},
-            "limits": {"nvidia.com/gpu": gpus.to_string()}}}],
+            "requests": {"cpu": format!("{cpu_milli}m"), "memory": format!("{mem_gi}Gi"), resource: count.to_string()},
+            "limits": {resource: count.to_string()}}}],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "terminationGracePeriodSeconds": 1,
     })
@@ -395,20 +523,49 @@ fn pod_spec(gpus: u32, cpu: u32, mem_gi: u32) -> Value {
 pub fn burst(n: u32, duration: Duration) -> Scenario {
     Scenario {
         name: format!("burst of {n} one-GPU inference pods"),
-        steps: vec![Step::Create(replica_set("infer", n, 1, 2, 8)), Step::WaitBound(n as usize, duration)],
+        fleet: Fleet::whole_l4(),
+        steps: vec![Step::Create(replica_set("infer", n, 1, 2000, 8)), Step::WaitBound(n as usize, duration)],
+        duration,
+    }
+}
+
+/// (b) Time-sliced inference: `n` small pods of one `nvidia.com/gpu` each (half a core, 2 GiB) on
+/// GPUs the device plugin time-slices `replicas` ways, so `replicas` pods share a physical GPU.
+pub fn time_sliced(n: u32, replicas: u32, duration: Duration) -> Scenario {
+    Scenario {
+        name: format!("{n} inference pods on GPUs time-sliced {replicas} ways"),
+        fleet: Fleet { types: L4_TYPES, sharing: format!("{{timeSlicing: {{replicas: {replicas}}}}}") },
+        steps: vec![Step::Create(replica_set("sliced", n, 1, 500, 2)), Step::WaitBound(n as usize, duration)],
+        duration,
+    }
+}
+
+/// (b) MIG-sliced demand: `big` pods of a `3g.20gb` instance and `small` of a `1g.5gb` one, on
+/// A100s that mig-parted partitions `all-balanced` (per GPU one 3g.20gb, one 2g.10gb and two
+/// 1g.5gb).
+pub fn mig(big: u32, small: u32, duration: Duration) -> Scenario {
+    Scenario {
+        name: format!("MIG: {big} x 3g.20gb + {small} x 1g.5gb pods on A100s (all-balanced)"),
+        fleet: Fleet { types: A100_TYPES, sharing: "{mig: all-balanced}".into() },
+        steps: vec![
+            Step::Create(replica_set_of("mig-big", big, "nvidia.com/mig-3g.20gb", 1, 4000, 16)),
+            Step::Create(replica_set_of("mig-small", small, "nvidia.com/mig-1g.5gb", 1, 2000, 8)),
+            Step::WaitBound((big + small) as usize, duration),
+        ],
         duration,
     }
 }
 
 /// (c) A training gang: a Job of `members` pods of `gpus` GPUs each, started together.
 pub fn gang(members: u32, gpus: u32, duration: Duration) -> Scenario {
-    let mut spec = pod_spec(gpus, 32, 256);
+    let mut spec = pod_spec(gpus, 32_000, 256);
     spec["restartPolicy"] = json!("Never");
     let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml"},
         "spec": {"parallelism": members, "completions": members, "backoffLimit": 0,
             "template": {"metadata": {"labels": {"app": "train"}}, "spec": spec}}});
     Scenario {
         name: format!("{members} x {gpus}-GPU training gang"),
+        fleet: Fleet::whole_l4(),
         steps: vec![Step::Create(job), Step::WaitBound(members as usize, duration)],
         duration,
     }
@@ -419,8 +576,9 @@ pub fn gang(members: u32, gpus: u32, duration: Duration) -> Scenario {
 pub fn load_drop(from: u32, to: u32, duration: Duration) -> Scenario {
     Scenario {
         name: format!("load drop {from} -> {to} one-GPU pods"),
+        fleet: Fleet::whole_l4(),
         steps: vec![
-            Step::Create(replica_set("serve", from, 1, 2, 8)),
+            Step::Create(replica_set("serve", from, 1, 2000, 8)),
             Step::WaitBound(from as usize, duration),
             Step::Sleep(Duration::from_secs(3)),
             Step::Scale("serve", to),
@@ -438,6 +596,8 @@ pub struct Figures {
     pub scenario: String,
     /// Σ node-seconds × the catalog's hourly price / 3600 over the run.
     pub cost_usd: f64,
+    /// The hourly price of the nodes left at the end: the fleet the autoscaler settled on.
+    pub fleet_usd_per_hour: f64,
     /// Median seconds from a pod's creation to its binding.
     pub p50_bind_s: f64,
     /// 95th percentile of the same.
@@ -452,15 +612,16 @@ pub struct Figures {
     pub evicted: usize,
     /// Nodes launched per instance type.
     pub types: BTreeMap<String, usize>,
-    /// GPUs allocatable at the end and GPUs requested by bound pods then.
-    pub gpus_end: (u64, u64),
+    /// At the end: physical GPUs on the nodes, the NVIDIA devices they advertise (whole GPUs,
+    /// time-slicing replicas, MIG instances: [`gpu_devices`]), and those bound pods request.
+    pub gpus_end: (u64, u64, u64),
 }
 
 impl Figures {
     /// The markdown header of [`Figures::row`].
     pub fn header() -> String {
-        "| scenario | autoscaler | $ (run) | p50 bind s | p95 bind s | never bound | nodes launched | removed | evicted | GPUs at end (alloc./used) | types launched |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "| scenario | autoscaler | $ (run) | $/h at end | p50 bind s | p95 bind s | never bound | nodes launched | removed | evicted | GPUs at end (phys./advertised/used) | types launched |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
             .into()
     }
 
@@ -468,10 +629,11 @@ impl Figures {
     pub fn row(&self) -> String {
         let types: Vec<String> = self.types.iter().map(|(t, n)| format!("{n}x {t}")).collect();
         format!(
-            "| {} | {} | {:.4} | {:.1} | {:.1} | {} | {} | {} | {} | {}/{} | {} |",
+            "| {} | {} | {:.4} | {:.2} | {:.1} | {:.1} | {} | {} | {} | {} | {}/{}/{} | {} |",
             self.scenario,
             self.autoscaler,
             self.cost_usd,
+            self.fleet_usd_per_hour,
             self.p50_bind_s,
             self.p95_bind_s,
             self.never_bound,
@@ -480,6 +642,7 @@ impl Figures {
             self.evicted,
             self.gpus_end.0,
             self.gpus_end.1,
+            self.gpus_end.2,
             types.join(", ")
         )
     }
@@ -501,8 +664,9 @@ struct Meter {
     pods: BTreeMap<String, Timestamp>,
 }
 
-/// Polls nodes and pods every 200 ms; makes the peers' nodes Ready [`BOOT`] after they appear and
-/// renews their Leases every 10 s (the kubelet stand-in for nodes no cloud instance backs).
+/// Polls nodes and pods every 200 ms; makes the peers' nodes Ready [`BOOT`] after they appear,
+/// advertising their GPUs as the fleet's device plugin does, and renews their Leases every 10 s (the kubelet and
+/// device plugin stand-in for nodes no cloud instance backs).
 fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ready: BTreeSet<String> = BTreeSet::new();
@@ -541,7 +705,7 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
                     }
                 }
                 for name in due {
-                    if c.make_ready(&name).await {
+                    if advertise_gpus(&c, &name).await && c.make_ready(&name).await {
                         ready.insert(name);
                     }
                 }
@@ -564,6 +728,26 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
     })
 }
 
+/// Sets the GPU resources and labels of a booted peer node as the fleet's device plugin and GPU
+/// feature discovery would, whatever the node was created with (a resource the plugin does not
+/// advertise is removed). False when the node cannot be patched (gone).
+async fn advertise_gpus(c: &KubeCluster, name: &str) -> bool {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(c.cp.admin.clone());
+    let Ok(node) = nodes.get(name).await else { return false };
+    let labels = node.metadata.labels.unwrap_or_default();
+    let Some(t) = labels.get("node.kubernetes.io/instance-type") else { return true };
+    let (mut gpu, gpu_labels) = device_plugin_view(c, t);
+    let status = node.status.unwrap_or_default();
+    for old in status.allocatable.iter().flat_map(|a| a.keys()).filter(|k| k.starts_with("nvidia.com/")) {
+        gpu.entry(old.clone()).or_insert(Value::Null);
+    }
+    let params = kube::api::PatchParams::default();
+    let status = json!({"status": {"capacity": gpu, "allocatable": gpu}});
+    let label = json!({"metadata": {"labels": gpu_labels}});
+    nodes.patch_status(name, &params, &kube::api::Patch::Merge(&status)).await.is_ok()
+        && nodes.patch(name, &params, &kube::api::Patch::Merge(&label)).await.is_ok()
+}
+
 async fn renew_lease(c: &KubeCluster, node: &str) {
     // A MicroTime: exactly six fractional digits.
     let t = Timestamp::now();
@@ -577,19 +761,20 @@ async fn renew_lease(c: &KubeCluster, node: &str) {
 
 /// The shared setup: a control plane with the controllers scenarios need (ReplicaSets, Jobs,
 /// garbage collection), empty simulated cloud groups, kubelets.
-async fn cluster() -> Arc<KubeCluster> {
+async fn cluster(fleet: &Fleet) -> Arc<KubeCluster> {
     let controllers = vec!["replicaset-controller", "job-controller", "garbage-collector-controller"];
-    KubeCluster::start_with(&gpuscale_providers(), Options { controllers, ..Default::default() }, BOOT).await
+    KubeCluster::start_with(&gpuscale_providers(fleet), Options { controllers, ..Default::default() }, BOOT)
+        .await
 }
 
 /// Runs `scenario` with `autoscaler` on a fresh control plane and measures it.
 pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
-    let c = cluster().await;
+    let c = cluster(&scenario.fleet).await;
     c.cp.ensure_namespace("kube-node-lease").await;
     let driver = c.spawn_driver(Duration::from_millis(100), 1);
     let meter = Arc::new(Mutex::new(Meter::default()));
     let meter_task = spawn_meter(c.clone(), meter.clone());
-    let mut running = start(&c, autoscaler).await;
+    let mut running = start(&c, autoscaler, &scenario.fleet).await;
     let began = Instant::now();
     let bound = |c: Arc<KubeCluster>| async move {
         let list = c.get("/api/v1/namespaces/ml/pods").await.unwrap();
@@ -648,8 +833,12 @@ async fn measure(
     end: Instant,
 ) -> Figures {
     let mut cost_usd = 0.0;
+    let mut fleet_usd_per_hour = 0.0;
     let mut types = BTreeMap::new();
     for n in m.nodes.values() {
+        if n.gone.is_none_or(|g| g > end) {
+            fleet_usd_per_hour += price(&n.instance_type);
+        }
         let until = n.gone.unwrap_or(end).min(end);
         cost_usd += until.saturating_duration_since(n.first).as_secs_f64() * price(&n.instance_type) / 3600.0;
         *types.entry(n.instance_type.clone()).or_insert(0) += 1;
@@ -690,19 +879,22 @@ async fn measure(
     let used: u64 = alive
         .iter()
         .filter(|p| p["spec"]["nodeName"].is_string())
-        .map(|p| gpu_count(&p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]))
+        .map(|p| gpu_devices(&p["spec"]["containers"][0]["resources"]["requests"]))
         .sum();
     let nodes = c.get("/api/v1/nodes").await.unwrap();
-    let alloc: u64 = nodes["items"]
-        .as_array()
-        .unwrap()
+    let nodes = nodes["items"].as_array().unwrap();
+    let alloc: u64 = nodes.iter().map(|n| gpu_devices(&n["status"]["allocatable"])).sum();
+    let physical: u64 = nodes
         .iter()
-        .map(|n| gpu_count(&n["status"]["allocatable"]["nvidia.com/gpu"]))
+        .filter_map(|n| n["metadata"]["labels"]["node.kubernetes.io/instance-type"].as_str())
+        .filter_map(catalog::lookup)
+        .map(|spec| u64::from(spec.gpus))
         .sum();
     Figures {
         autoscaler,
         scenario: scenario.to_string(),
         cost_usd,
+        fleet_usd_per_hour,
         p50_bind_s: pct(0.5),
         p95_bind_s: pct(0.95),
         never_bound,
@@ -710,12 +902,21 @@ async fn measure(
         removed: m.nodes.values().filter(|n| n.gone.is_some_and(|g| g <= end)).count(),
         evicted,
         types,
-        gpus_end: (alloc, used),
+        gpus_end: (physical, alloc, used),
     }
 }
 
-fn gpu_count(v: &Value) -> u64 {
-    v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
+/// The NVIDIA devices in a resource list: `nvidia.com/gpu` (a time-slicing replica counts one)
+/// and every `nvidia.com/mig-<profile>` instance.
+fn gpu_devices(resources: &Value) -> u64 {
+    let count = |v: &Value| v.as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    resources
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with("nvidia.com/"))
+        .map(|(_, v)| count(v))
+        .sum()
 }
 
 /// Appends `line` to the file `GPUSCALE_PEERS_TABLE` names, if any (the table command's output).
