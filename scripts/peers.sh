@@ -5,7 +5,9 @@
 #   scripts/peers.sh karpenter            # Karpenter with its kwok cloud provider (karpenter-kwok)
 #   scripts/peers.sh cluster-autoscaler   # Cluster Autoscaler (its kwok provider is in the default build)
 #   scripts/peers.sh table                # builds both, runs the full side-by-side table (docs/peers.md)
-#                                         # and prints it (GPUSCALE_PEERS_BURST=N: a burst of N, not 100)
+#                                         # and prints it (GPUSCALE_PEERS_BURST=N: a burst of N, not 100);
+#                                         # each scenario's GPUs over time as SVG and CSV in
+#                                         # ${GPUSCALE_PEERS_PLOTS:-<cache>/plots}
 #
 # Each is built once per pinned version and cached under ${CARGO_TARGET_DIR:-target}/peers/ (ignored
 # by git). Cold builds on 2 shared cores (measured 2026-12-07, docs/peers.md): Karpenter 286 s,
@@ -117,9 +119,9 @@ table)
     cd "$repo"
     table="$root/table.md"
     rm -f "$table"
-    GPUSCALE_PEERS_TABLE="$table" cargo test --all-features --test e2e \
+    GPUSCALE_PEERS_TABLE="$table" GPUSCALE_PEERS_PLOTS="${GPUSCALE_PEERS_PLOTS:-$root/plots}" cargo test --all-features --test e2e \
         -- --ignored --nocapture --test-threads=1 k8s_peers::peer_table >&2
-    echo "peers.sh: the table (for docs/peers.md) is in $table" >&2
+    echo "peers.sh: the table (for docs/peers.md) is in $table, GPUs over time in ${GPUSCALE_PEERS_PLOTS:-$root/plots}" >&2
     cat "$table"
     ;;
 *) die "usage: scripts/peers.sh karpenter|cluster-autoscaler|table" ;;

@@ -9,6 +9,7 @@
 //! The full table is `scripts/peers.sh table` (the ignored `peer_table` test).
 
 use crate::peers;
+use crate::peers_plot;
 
 use peers::{burst, gang, load_drop, mig, record, run, time_sliced, Autoscaler, Figures};
 use std::time::Duration;
@@ -65,10 +66,50 @@ async fn smoke_cluster_autoscaler() {
     }
 }
 
+/// The plot draws two lines per run, scaled to the largest fleet, and escapes names.
+#[test]
+fn the_plot_draws_each_run_in_both_panels() {
+    let run = |autoscaler: &'static str, held: u64| Figures {
+        autoscaler,
+        scenario: "a -> b".into(),
+        cost_usd: 0.0,
+        fleet_usd_per_hour: 0.0,
+        p50_bind_s: 0.0,
+        p95_bind_s: 0.0,
+        never_bound: 0,
+        launched: 0,
+        removed: 0,
+        evicted: 0,
+        types: Default::default(),
+        gpus_end: (held, held, held),
+        series: (0..=40)
+            .map(|i| {
+                let s = peers::Sample {
+                    physical: held.min(i),
+                    advertised: 4 * held.min(i),
+                    used: i.min(4 * held),
+                };
+                (f64::from(i as u32), s)
+            })
+            .collect(),
+    };
+    let runs = [run("gpuscale", 12), run("Karpenter", 32)];
+    let svg = peers_plot::svg("a -> b", &runs);
+    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
+    assert!(svg.contains("a -&gt; b") && !svg.contains("a -> b"), "{svg}");
+    // The larger fleet sets the axis: 32 GPUs round up to 50, so 32 is at 64% of the panel.
+    assert!(svg.contains(">50</text>"), "{svg}");
+    assert_eq!(peers_plot::slug("MIG: 4 x 3g.20gb (all-balanced)"), "mig-4-x-3g-20gb-all-balanced");
+    let csv = peers_plot::csv(&runs);
+    assert_eq!(csv.lines().count(), 1 + 2 * 41);
+    assert!(csv.contains("\nKarpenter,40.00,32,128,40\n"), "{csv}");
+}
+
 /// The table of docs/peers.md: every scenario with every autoscaler (both peers required).
 /// `GPUSCALE_PEERS_SCENARIOS` (comma-separated words, e.g. `mig,time-sliced`) keeps the scenarios
 /// whose name holds one of them, and `GPUSCALE_PEERS_AUTOSCALERS` (`gpuscale,karpenter,cluster-autoscaler`)
-/// the autoscalers named; only the peers kept are required.
+/// the autoscalers named; only the peers kept are required. With `GPUSCALE_PEERS_PLOTS` (a folder),
+/// each scenario's GPUs over time go there as `<scenario>.svg` and `.csv`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes per run; `scripts/peers.sh table`"]
 async fn peer_table() {
@@ -103,10 +144,20 @@ async fn peer_table() {
     let scenarios: Vec<_> =
         scenarios.into_iter().filter(|s| wanted("GPUSCALE_PEERS_SCENARIOS", &s.name)).collect();
     assert!(!scenarios.is_empty() && !all.is_empty(), "GPUSCALE_PEERS_SCENARIOS / _AUTOSCALERS keep nothing");
+    let plots = std::env::var_os("GPUSCALE_PEERS_PLOTS").map(std::path::PathBuf::from);
     record(&Figures::header());
     for s in &scenarios {
+        let mut runs = Vec::new();
         for a in &all {
-            record(&run(a, s).await.row());
+            let f = run(a, s).await;
+            record(&f.row());
+            runs.push(f);
+        }
+        if let Some(dir) = &plots {
+            std::fs::create_dir_all(dir).unwrap();
+            let stem = dir.join(peers_plot::slug(&s.name));
+            std::fs::write(stem.with_extension("svg"), peers_plot::svg(&s.name, &runs)).unwrap();
+            std::fs::write(stem.with_extension("csv"), peers_plot::csv(&runs)).unwrap();
         }
     }
 }

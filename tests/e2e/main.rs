@@ -27,6 +27,8 @@ mod kube_cluster;
 mod moto_server;
 #[path = "../support/peers.rs"]
 mod peers;
+#[path = "../support/peers_plot.rs"]
+mod peers_plot;
 #[path = "../support/provisioning_crd.rs"]
 mod provisioning_crd;
 #[path = "../support/telemetry.rs"]

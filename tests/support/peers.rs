@@ -612,6 +612,8 @@ pub struct Figures {
     pub evicted: usize,
     /// Nodes launched per instance type.
     pub types: BTreeMap<String, usize>,
+    /// GPUs over the run: seconds from its start, and the sample then.
+    pub series: Vec<(f64, Sample)>,
     /// At the end: physical GPUs on the nodes, the NVIDIA devices they advertise (whole GPUs,
     /// time-slicing replicas, MIG instances: [`gpu_devices`]), and those bound pods request.
     pub gpus_end: (u64, u64, u64),
@@ -662,6 +664,19 @@ struct Meter {
     nodes: BTreeMap<String, SeenNode>,
     /// Pod `ns/name` -> first seen (wall clock, to compare with the audit log's binding time).
     pods: BTreeMap<String, Timestamp>,
+    /// GPUs over time, one sample per poll.
+    series: Vec<(Instant, Sample)>,
+}
+
+/// The GPUs of the cluster at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    /// Physical GPUs on the nodes (from their instance types).
+    pub physical: u64,
+    /// NVIDIA devices the nodes advertise ([`gpu_devices`]).
+    pub advertised: u64,
+    /// NVIDIA devices bound pods request.
+    pub used: u64,
 }
 
 /// Polls nodes and pods every 200 ms; makes the peers' nodes Ready [`BOOT`] after they appear,
@@ -673,6 +688,7 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
         let mut renewed: BTreeMap<String, Instant> = BTreeMap::new();
         loop {
             let now = Instant::now();
+            let mut held: Option<(u64, u64)> = None;
             let wall = Timestamp::now();
             // Errors (the control plane going away at the end of a failed test) skip a poll.
             if let Ok(list) = c.cp.raw("GET", "/api/v1/nodes", None).await {
@@ -680,6 +696,10 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
                 let names: BTreeSet<String> =
                     items.iter().map(|n| n["metadata"]["name"].as_str().unwrap().to_string()).collect();
                 let mut due = Vec::new();
+                held = Some((
+                    items.iter().map(physical_gpus).sum::<u64>(),
+                    items.iter().map(|n| gpu_devices(&n["status"]["allocatable"])).sum::<u64>(),
+                ));
                 {
                     let mut m = meter.lock().unwrap();
                     for n in &items {
@@ -718,9 +738,14 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
             }
             if let Ok(list) = c.cp.raw("GET", "/api/v1/namespaces/ml/pods", None).await {
                 let mut m = meter.lock().unwrap();
-                for p in list["items"].as_array().into_iter().flatten() {
+                let pods = list["items"].as_array().cloned().unwrap_or_default();
+                for p in &pods {
                     let key = format!("ml/{}", p["metadata"]["name"].as_str().unwrap());
                     m.pods.entry(key).or_insert(wall);
+                }
+                if let Some((physical, advertised)) = held {
+                    let used = pods.iter().map(requested_devices).sum();
+                    m.series.push((now, Sample { physical, advertised, used }));
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -813,7 +838,7 @@ pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
     }
     meter_task.abort();
     let seen = std::mem::take(&mut *meter.lock().unwrap());
-    let figures = measure(&c, autoscaler.name(), &scenario.name, &seen, end).await;
+    let figures = measure(&c, autoscaler.name(), &scenario.name, &seen, began, end).await;
     if let Running::Peer(p) = &running {
         eprintln!("{} log ends:\n{}", autoscaler.name(), p.tail(5));
     }
@@ -830,6 +855,7 @@ async fn measure(
     autoscaler: &'static str,
     scenario: &str,
     m: &Meter,
+    began: Instant,
     end: Instant,
 ) -> Figures {
     let mut cost_usd = 0.0;
@@ -876,20 +902,11 @@ async fn measure(
         .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
         .collect();
     let never_bound = alive.iter().filter(|p| !p["spec"]["nodeName"].is_string()).count();
-    let used: u64 = alive
-        .iter()
-        .filter(|p| p["spec"]["nodeName"].is_string())
-        .map(|p| gpu_devices(&p["spec"]["containers"][0]["resources"]["requests"]))
-        .sum();
+    let used: u64 = alive.iter().copied().map(requested_devices).sum();
     let nodes = c.get("/api/v1/nodes").await.unwrap();
     let nodes = nodes["items"].as_array().unwrap();
     let alloc: u64 = nodes.iter().map(|n| gpu_devices(&n["status"]["allocatable"])).sum();
-    let physical: u64 = nodes
-        .iter()
-        .filter_map(|n| n["metadata"]["labels"]["node.kubernetes.io/instance-type"].as_str())
-        .filter_map(catalog::lookup)
-        .map(|spec| u64::from(spec.gpus))
-        .sum();
+    let physical: u64 = nodes.iter().map(physical_gpus).sum();
     Figures {
         autoscaler,
         scenario: scenario.to_string(),
@@ -902,7 +919,31 @@ async fn measure(
         removed: m.nodes.values().filter(|n| n.gone.is_some_and(|g| g <= end)).count(),
         evicted,
         types,
+        series: m
+            .series
+            .iter()
+            .filter(|(t, _)| *t >= began && *t <= end)
+            .map(|(t, s)| ((*t - began).as_secs_f64(), *s))
+            .collect(),
         gpus_end: (physical, alloc, used),
+    }
+}
+
+/// Physical GPUs of a Node, from its instance type.
+fn physical_gpus(node: &Value) -> u64 {
+    node["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+        .as_str()
+        .and_then(catalog::lookup)
+        .map_or(0, |spec| u64::from(spec.gpus))
+}
+
+/// The NVIDIA devices a pod holds: its request when it is bound and not terminating, else none.
+fn requested_devices(pod: &Value) -> u64 {
+    let holds = pod["spec"]["nodeName"].is_string() && pod["metadata"]["deletionTimestamp"].is_null();
+    if holds {
+        gpu_devices(&pod["spec"]["containers"][0]["resources"]["requests"])
+    } else {
+        0
     }
 }
 
