@@ -11,7 +11,10 @@
 use crate::peers;
 use crate::peers_plot;
 
-use peers::{burst, gang, load_drop, mig, record, run, time_sliced, Autoscaler, Figures};
+use peers::{
+    burst, capacity_error, dra_claims, gang, gang_kueue, load_drop, mig, openb_day, record, run, time_sliced,
+    Autoscaler, Figures,
+};
 use std::time::Duration;
 
 const KARPENTER: &str = "GPUSCALE_KARPENTER_BIN";
@@ -23,10 +26,10 @@ const CLUSTER_AUTOSCALER: &str = "GPUSCALE_CLUSTER_AUTOSCALER_BIN";
 async fn smoke(a: Autoscaler) {
     let f = run(&a, &burst(4, Duration::from_secs(60))).await;
     eprintln!("{}\n{}", Figures::header(), f.row());
-    assert_eq!(f.never_bound, 0, "{} left pods unbound: {f:?}", a.name());
-    assert!(f.launched >= 1, "{} launched no node: {f:?}", a.name());
+    assert_eq!(f.never_bound, 0, "{} left pods unbound: {}", a.name(), f.row());
+    assert!(f.launched >= 1, "{} launched no node: {}", a.name(), f.row());
     assert!(f.gpus_end.1 >= 4 && f.gpus_end.2 == 4, "{}: GPUs at the end {:?}", a.name(), f.gpus_end);
-    assert!(f.p95_bind_s >= peers::BOOT.as_secs_f64() - 1.0, "bound before any node could boot: {f:?}");
+    assert!(f.p95_bind_s >= peers::BOOT.as_secs_f64() - 1.0, "bound before any node could boot: {}", f.row());
     assert!(f.cost_usd > 0.0);
 }
 
@@ -41,9 +44,44 @@ async fn smoke_gpuscale() {
 async fn smoke_gpuscale_time_sliced() {
     let f = run(&Autoscaler::Gpuscale, &time_sliced(8, 4, Duration::from_secs(30))).await;
     eprintln!("{}\n{}", Figures::header(), f.row());
-    assert_eq!(f.never_bound, 0, "{f:?}");
-    assert_eq!(f.gpus_end, (2, 8, 8), "physical / advertised / used GPUs: {f:?}");
-    assert_eq!(f.types.get("g6.xlarge"), Some(&2), "{f:?}");
+    assert_eq!(f.never_bound, 0, "{}", f.row());
+    assert_eq!(f.gpus_end, (2, 8, 8), "physical / advertised / used GPUs: {}", f.row());
+    assert_eq!(f.types.get("g6.xlarge"), Some(&2), "{}", f.row());
+}
+
+/// Four pods claiming one GPU each through DRA: gpuscale buys the four one-GPU nodes (cheaper
+/// than one four-GPU node), their DRA driver publishes the devices, and kube-scheduler allocates
+/// every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_gpuscale_dra() {
+    let f = run(&Autoscaler::Gpuscale, &dra_claims(4, Duration::from_secs(30))).await;
+    eprintln!("{}\n{}", Figures::header(), f.row());
+    assert_eq!(f.never_bound, 0, "{}", f.row());
+    assert_eq!(f.gpus_end, (4, 4, 4), "physical / published / allocated GPUs: {}", f.row());
+    assert_eq!(f.types.get("g6.xlarge"), Some(&4), "{}", f.row());
+}
+
+/// With the cheapest type out of capacity, every pod is still bound, on the next type, and no
+/// node of the refused type ever appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_gpuscale_capacity_error() {
+    let f = run(&Autoscaler::Gpuscale, &capacity_error(4, Duration::from_secs(30))).await;
+    eprintln!("{}\n{}", Figures::header(), f.row());
+    assert_eq!(f.never_bound, 0, "{}", f.row());
+    assert!(!f.types.contains_key("g6.xlarge") && f.launched >= 1, "{}", f.row());
+    assert_eq!(f.gpus_end.2, 4, "{}", f.row());
+}
+
+/// A gang of two 8-GPU pods queued by Kueue: Kueue asks gpuscale for the capacity with a
+/// ProvisioningRequest, gpuscale buys the two 8-GPU nodes, Kueue admits the group and both pods
+/// are bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_gpuscale_gang_kueue() {
+    let f = run(&Autoscaler::Gpuscale, &gang_kueue(2, 8, Duration::from_secs(30))).await;
+    eprintln!("{}\n{}", Figures::header(), f.row());
+    assert_eq!(f.never_bound, 0, "{}", f.row());
+    assert_eq!(f.gpus_end, (16, 16, 16), "{}", f.row());
+    assert_eq!(f.types.get("g6.48xlarge"), Some(&2), "{}", f.row());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,6 +143,39 @@ fn the_plot_draws_each_run_in_both_panels() {
     assert!(csv.contains("\nKarpenter,40.00,32,128,40\n"), "{csv}");
 }
 
+/// The openb day replays every pod of the window once, in time order, each deleted after it was
+/// created, whole GPUs only, within the run.
+#[test]
+fn the_openb_day_creates_each_pod_once_and_deletes_it_later() {
+    use peers::Step;
+    let s = openb_day(180.0);
+    let mut created = std::collections::BTreeMap::new();
+    let mut last = Duration::ZERO;
+    for step in &s.steps {
+        let at = match step {
+            Step::CreateAt(at, job) => {
+                let name = job["metadata"]["name"].as_str().unwrap().to_string();
+                let gpus = &job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+                    ["nvidia.com/gpu"];
+                assert!(gpus.is_null() || gpus.as_str().unwrap().parse::<u32>().unwrap() >= 1, "{job}");
+                assert!(created.insert(name, *at).is_none(), "{job} created twice");
+                *at
+            }
+            Step::DeleteAt(at, path) => {
+                let name = path.rsplit('/').next().unwrap();
+                assert!(created.get(name).is_some_and(|c| c <= at), "{path} deleted before it was created");
+                *at
+            }
+            other => panic!("{other:?}"),
+        };
+        assert!(at >= last && at <= s.duration, "out of order at {at:?}");
+        last = at;
+    }
+    // The busiest day of openb's default list: a few hundred pods, 24 h / 180 = 8 min.
+    assert!((200..1000).contains(&created.len()), "{} pods", created.len());
+    assert_eq!(s.duration, Duration::from_secs(480 + 20));
+}
+
 /// The table of docs/peers.md: every scenario with every autoscaler (both peers required).
 /// `GPUSCALE_PEERS_SCENARIOS` (comma-separated words, e.g. `mig,time-sliced`) keeps the scenarios
 /// whose name holds one of them, and `GPUSCALE_PEERS_AUTOSCALERS` (`gpuscale,karpenter,cluster-autoscaler`)
@@ -134,12 +205,18 @@ async fn peer_table() {
         all.push(need(CLUSTER_AUTOSCALER, Autoscaler::ClusterAutoscaler));
     }
     let n = std::env::var("GPUSCALE_PEERS_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let speedup =
+        std::env::var("GPUSCALE_PEERS_OPENB_SPEEDUP").ok().and_then(|v| v.parse().ok()).unwrap_or(180.0);
     let scenarios = [
         burst(n, Duration::from_secs(90)),
         time_sliced(48, 4, Duration::from_secs(90)),
         mig(4, 16, Duration::from_secs(90)),
         gang(4, 8, Duration::from_secs(60)),
+        gang_kueue(4, 8, Duration::from_secs(60)),
         load_drop(8, 2, Duration::from_secs(100)),
+        dra_claims(16, Duration::from_secs(90)),
+        capacity_error(24, Duration::from_secs(90)),
+        openb_day(speedup),
     ];
     let scenarios: Vec<_> =
         scenarios.into_iter().filter(|s| wanted("GPUSCALE_PEERS_SCENARIOS", &s.name)).collect();
@@ -149,6 +226,14 @@ async fn peer_table() {
     for s in &scenarios {
         let mut runs = Vec::new();
         for a in &all {
+            if s.refused.is_some() && !a.can_be_refused() {
+                record(&format!(
+                    "| {} | {} | not run: its kwok provider cannot fail a launch |",
+                    s.name,
+                    a.name()
+                ));
+                continue;
+            }
             let f = run(a, s).await;
             record(&f.row());
             runs.push(f);

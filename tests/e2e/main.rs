@@ -22,6 +22,8 @@ mod fixtures;
 mod harness;
 #[path = "../support/kube_cluster.rs"]
 mod kube_cluster;
+#[path = "../support/kueue.rs"]
+mod kueue;
 #[cfg(feature = "aws")]
 #[path = "../support/moto.rs"]
 mod moto_server;

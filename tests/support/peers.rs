@@ -61,12 +61,16 @@ pub struct Fleet {
     /// follows from it as in the test suite's kubelet ([`node_json`]), which the plan-versus-
     /// kube-scheduler tests hold to the device plugin's resource names.
     pub sharing: String,
+    /// NVIDIA's DRA driver instead of its device plugin: a booted node advertises no
+    /// `nvidia.com/gpu` and publishes one `gpu.nvidia.com` device per GPU in a ResourceSlice
+    /// (gpuscale's groups say `dra: {}`).
+    pub dra: bool,
 }
 
 impl Fleet {
     /// Whole GPUs of the L4 family.
     pub fn whole_l4() -> Fleet {
-        Fleet { types: L4_TYPES, sharing: "{}".into() }
+        Fleet { types: L4_TYPES, sharing: "{}".into(), dra: false }
     }
 }
 
@@ -88,6 +92,7 @@ impl Autoscaler {
         match self {
             Autoscaler::Gpuscale => "gpuscale",
             Autoscaler::Karpenter(_) if !karpenter_overlays() => "Karpenter (no NodeOverlay)",
+            Autoscaler::Karpenter(_) if karpenter_dra() => "Karpenter (DRA requests on)",
             Autoscaler::Karpenter(_) => "Karpenter",
             Autoscaler::ClusterAutoscaler(_) => "Cluster Autoscaler",
         }
@@ -151,9 +156,10 @@ pub fn gpuscale_providers(fleet: &Fleet) -> String {
         .iter()
         .map(|t| {
             format!(
-                "      - {{name: {}, instanceType: {t}, zones: [{ZONE}], minSize: 0, maxSize: 200, targetSize: 0, gpuSharing: {}}}\n",
+                "      - {{name: {}, instanceType: {t}, zones: [{ZONE}], minSize: 0, maxSize: 200, targetSize: 0, gpuSharing: {}{}}}\n",
                 t.replace('.', "-"),
-                fleet.sharing
+                fleet.sharing,
+                if fleet.dra { ", dra: {}" } else { "" }
             )
         })
         .collect();
@@ -187,6 +193,13 @@ pub fn karpenter_instance_types(fleet: &Fleet) -> Value {
 /// `GPUSCALE_PEERS_KARPENTER_OVERLAYS=off` (Karpenter as installed, which counts physical GPUs).
 fn karpenter_overlays() -> bool {
     std::env::var("GPUSCALE_PEERS_KARPENTER_OVERLAYS").map_or(true, |v| v != "off")
+}
+
+/// Whether Karpenter is told to consider pods' DRA requests (`IGNORE_DRA_REQUESTS=false`, its
+/// pre-GA DRA scheduling): only with `GPUSCALE_PEERS_KARPENTER_DRA=on`; as installed it ignores
+/// them.
+fn karpenter_dra() -> bool {
+    std::env::var("GPUSCALE_PEERS_KARPENTER_DRA").is_ok_and(|v| v == "on")
 }
 
 /// Karpenter's NodeOverlays (alpha, `NodeOverlay` feature gate): for each type whose booted nodes
@@ -291,6 +304,11 @@ impl Process {
         }
     }
 
+    /// How many lines of its log hold `text`.
+    pub fn lines_with(&self, text: &str) -> usize {
+        std::fs::read_to_string(&self.log).unwrap_or_default().lines().filter(|l| l.contains(text)).count()
+    }
+
     /// The last `n` lines of its log.
     pub fn tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -327,7 +345,8 @@ pub fn gpuscale_config() -> ControllerConfig {
     }
 }
 
-async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, fleet: &Fleet) -> Running {
+async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, scenario: &Scenario) -> Running {
+    let fleet = &scenario.fleet;
     let dir = c.cp.dir().to_path_buf();
     let kubeconfig = c.cp.admin_kubeconfig.display().to_string();
     match a {
@@ -401,6 +420,7 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, fleet: &Fleet) -> Running {
                 ("LOG_LEVEL", "info".into()),
                 // NodeOverlay (alpha) is how a Karpenter user declares shared GPUs' capacity.
                 ("FEATURE_GATES", gates.into()),
+                ("IGNORE_DRA_REQUESTS", (!karpenter_dra()).to_string()),
             ];
             Running::Peer(Process::spawn(bin, "karpenter-kwok", &[], &env, dir.join("karpenter.log")))
         }
@@ -408,7 +428,7 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, fleet: &Fleet) -> Running {
             for cm in cluster_autoscaler_configmaps(c, fleet) {
                 c.cp.apply(cm).await;
             }
-            let args: Vec<String> = [
+            let mut args: Vec<String> = [
                 "--cloud-provider=kwok",
                 &format!("--kubeconfig={kubeconfig}"),
                 "--namespace=kube-system",
@@ -427,6 +447,13 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, fleet: &Fleet) -> Running {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if scenario.kueue {
+                args.push("--enable-provisioning-requests=true".into());
+                // ProvisioningRequest is a CRD, which cannot be sent as protobuf, the build's
+                // default: without this, every write of a request's conditions fails
+                // (kubernetes/autoscaler#8855, fixed by #9546 in 2026, after this build).
+                args.push("--kube-api-content-type=application/json".into());
+            }
             // The kwok provider's own client reads KUBECONFIG, not --kubeconfig.
             let env = [
                 ("KWOK_PROVIDER_MODE", "local".to_string()),
@@ -440,6 +467,114 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, fleet: &Fleet) -> Running {
                 &env,
                 dir.join("cluster-autoscaler.log"),
             ))
+        }
+    }
+}
+
+impl Autoscaler {
+    /// Whether it serves ProvisioningRequests, so Kueue can ask it for a workload's capacity before
+    /// admitting it. Karpenter does not (its docs and code have no ProvisioningRequest).
+    pub fn serves_provisioning_requests(&self) -> bool {
+        !matches!(self, Autoscaler::Karpenter(_))
+    }
+
+    /// Whether a launch it asks for can be made to fail here. Karpenter's kwok provider cannot:
+    /// it marks every offering available (`kwok/cloudprovider/helpers.go` at v1.15.0) and its
+    /// `Create` never fails for capacity, so a scenario with [`Scenario::refused`] cannot be run
+    /// with it.
+    pub fn can_be_refused(&self) -> bool {
+        !matches!(self, Autoscaler::Karpenter(_))
+    }
+}
+
+/// Kueue for `a`, as its docs set it up: one ClusterQueue with quota for the whole fleet and a
+/// LocalQueue `ml/queue`; when `a` serves ProvisioningRequests, the queue's admission check asks
+/// it for the capacity (`best-effort-atomic-scale-up`, GPUs managed) and Kueue admits the
+/// workload once it is Provisioned. Otherwise Kueue admits on quota alone and the autoscaler sees
+/// the pods when they are ungated.
+async fn setup_kueue(c: &KubeCluster, a: &Autoscaler) -> crate::kueue::Kueue {
+    crate::provisioning_crd::install(&c.cp).await;
+    let kueue = crate::kueue::start_kueue(c).await;
+    let provreq = a.serves_provisioning_requests();
+    let mut objects = vec![json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "default"}, "spec": {}})];
+    if provreq {
+        objects.push(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ProvisioningRequestConfig",
+            "metadata": {"name": "dws"},
+            "spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+                "managedResources": ["nvidia.com/gpu"]}}));
+        objects.push(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+            "metadata": {"name": "dws-prov"},
+            "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request",
+                "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": "dws"}}}));
+    }
+    let mut queue = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "gpus"},
+        "spec": {"namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                "flavors": [{"name": "default", "resources": [
+                    {"name": "cpu", "nominalQuota": "1000"},
+                    {"name": "memory", "nominalQuota": "10Ti"},
+                    {"name": "nvidia.com/gpu", "nominalQuota": "64"}]}]}]}});
+    if provreq {
+        queue["spec"]["admissionChecksStrategy"] = json!({"admissionChecks": [{"name": "dws-prov"}]});
+    }
+    objects.push(queue);
+    objects.push(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "queue", "namespace": "ml"}, "spec": {"clusterQueue": "gpus"}}));
+    for o in objects {
+        c.create(o).await;
+    }
+    kueue
+}
+
+/// The message AWS answers a launch it has no capacity for with.
+fn insufficient_capacity(t: &str) -> String {
+    format!("InsufficientInstanceCapacity: We currently do not have sufficient {t} capacity in the Availability Zone you requested ({ZONE})")
+}
+
+/// Makes every launch of `t` fail at once for `a`: gpuscale's cloud refuses the group's raises;
+/// for Cluster Autoscaler's kwok provider, whose "launch" is creating the Node, a
+/// ValidatingAdmissionPolicy refuses Nodes of `t`, so its `IncreaseSize` returns the error as an
+/// AWS provider's does when the Auto Scaling group cannot launch.
+async fn refuse(c: &KubeCluster, a: &Autoscaler, t: &str) {
+    match a {
+        Autoscaler::Gpuscale => {
+            let group =
+                c.groups().into_iter().find(|g| g.instance_type == t).expect("a group of the refused type");
+            c.cloud.set_refuse_raises(&group.id, Some(&insufficient_capacity(t)))
+        }
+        Autoscaler::ClusterAutoscaler(_) => {
+            let key = "node.kubernetes.io/instance-type";
+            c.cp.apply(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": "insufficient-capacity"},
+                "spec": {"failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["CREATE"], "resources": ["nodes"]}]},
+                    "validations": [{"expression": format!(
+                        "!has(object.metadata.labels) || !('{key}' in object.metadata.labels) || object.metadata.labels['{key}'] != '{t}'"),
+                        "message": insufficient_capacity(t)}]}}))
+                .await;
+            c.cp.apply(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": "insufficient-capacity"},
+                "spec": {"policyName": "insufficient-capacity", "validationActions": ["Deny"]}}))
+                .await;
+            // The policy takes effect once the API server has compiled it: probe until a Node of
+            // `t` is refused.
+            let probe = json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "capacity-probe", "labels": {key: t}}});
+            c.wait_until(Duration::from_secs(30), "the capacity policy in force", || async {
+                match c.cp.raw("POST", "/api/v1/nodes", Some(probe.clone())).await {
+                    Ok(_) => {
+                        let _ = c.cp.raw("DELETE", "/api/v1/nodes/capacity-probe", None).await;
+                        false
+                    }
+                    Err(e) => e.to_string().contains("InsufficientInstanceCapacity"),
+                }
+            })
+            .await;
+        }
+        Autoscaler::Karpenter(_) => {
+            panic!("{} cannot be refused a launch (Autoscaler::can_be_refused)", a.name())
         }
     }
 }
@@ -469,6 +604,11 @@ pub enum Step {
     Scale(&'static str, u32),
     /// Wait.
     Sleep(Duration),
+    /// Create this object this long after the start.
+    CreateAt(Duration, Value),
+    /// Delete the object at this API path (its dependents in the background) this long after
+    /// the start.
+    DeleteAt(Duration, String),
 }
 
 /// A scenario: steps, then measuring until `duration` after its start.
@@ -482,6 +622,10 @@ pub struct Scenario {
     pub steps: Vec<Step>,
     /// Length of the run (the window over which $ are counted), the same for every autoscaler.
     pub duration: Duration,
+    /// An instance type the cloud has no capacity of: every launch of it is refused at once.
+    pub refused: Option<&'static str>,
+    /// Whether the pods are queued by Kueue ([`setup_kueue`]).
+    pub kueue: bool,
 }
 
 /// A ReplicaSet `ml/<name>` of `replicas` pods, each asking `gpus` GPUs (limits too, as the device
@@ -526,6 +670,8 @@ pub fn burst(n: u32, duration: Duration) -> Scenario {
         fleet: Fleet::whole_l4(),
         steps: vec![Step::Create(replica_set("infer", n, 1, 2000, 8)), Step::WaitBound(n as usize, duration)],
         duration,
+        refused: None,
+        kueue: false,
     }
 }
 
@@ -534,9 +680,15 @@ pub fn burst(n: u32, duration: Duration) -> Scenario {
 pub fn time_sliced(n: u32, replicas: u32, duration: Duration) -> Scenario {
     Scenario {
         name: format!("{n} inference pods on GPUs time-sliced {replicas} ways"),
-        fleet: Fleet { types: L4_TYPES, sharing: format!("{{timeSlicing: {{replicas: {replicas}}}}}") },
+        fleet: Fleet {
+            types: L4_TYPES,
+            sharing: format!("{{timeSlicing: {{replicas: {replicas}}}}}"),
+            dra: false,
+        },
         steps: vec![Step::Create(replica_set("sliced", n, 1, 500, 2)), Step::WaitBound(n as usize, duration)],
         duration,
+        refused: None,
+        kueue: false,
     }
 }
 
@@ -546,13 +698,115 @@ pub fn time_sliced(n: u32, replicas: u32, duration: Duration) -> Scenario {
 pub fn mig(big: u32, small: u32, duration: Duration) -> Scenario {
     Scenario {
         name: format!("MIG: {big} x 3g.20gb + {small} x 1g.5gb pods on A100s (all-balanced)"),
-        fleet: Fleet { types: A100_TYPES, sharing: "{mig: all-balanced}".into() },
+        fleet: Fleet { types: A100_TYPES, sharing: "{mig: all-balanced}".into(), dra: false },
         steps: vec![
             Step::Create(replica_set_of("mig-big", big, "nvidia.com/mig-3g.20gb", 1, 4000, 16)),
             Step::Create(replica_set_of("mig-small", small, "nvidia.com/mig-1g.5gb", 1, 2000, 8)),
             Step::WaitBound((big + small) as usize, duration),
         ],
         duration,
+        refused: None,
+        kueue: false,
+    }
+}
+
+/// (b) DRA claims: `n` inference pods (1 CPU, 4 GiB) each with a claim for one GPU of NVIDIA's
+/// `gpu.nvidia.com` class, generated from a ResourceClaimTemplate, on L4 nodes whose GPUs NVIDIA's
+/// DRA driver publishes (no device plugin).
+pub fn dra_claims(n: u32, duration: Duration) -> Scenario {
+    let mut spec = pod_spec(0, 1000, 4);
+    spec["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "1", "memory": "4Gi"}, "claims": [{"name": "gpu"}]});
+    spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]);
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "dra", "namespace": "ml"},
+        "spec": {"replicas": n, "selector": {"matchLabels": {"app": "dra"}},
+            "template": {"metadata": {"labels": {"app": "dra"}}, "spec": spec}}});
+    Scenario {
+        name: format!("DRA: {n} pods claiming one GPU each"),
+        fleet: Fleet { types: L4_TYPES, sharing: "{}".into(), dra: true },
+        steps: vec![
+            Step::Create(crate::dra::template("one-gpu", "gpu.nvidia.com", 1, &[])),
+            Step::Create(rs),
+            Step::WaitBound(n as usize, duration),
+        ],
+        duration,
+        refused: None,
+        kueue: false,
+    }
+}
+
+/// (e) A capacity error on the cheapest type: [`burst`] of `n` while the cloud refuses every
+/// launch of g6.xlarge (as AWS answers `InsufficientInstanceCapacity`).
+pub fn capacity_error(n: u32, duration: Duration) -> Scenario {
+    Scenario {
+        name: format!("burst of {n}, no g6.xlarge capacity"),
+        refused: Some(L4_TYPES[0]),
+        ..burst(n, duration)
+    }
+}
+
+/// The openb trace's folder: `OPENB_TRACE_DIR`, else `../shared/traces/openb` beside the crate.
+fn openb_dir() -> PathBuf {
+    let candidates = [
+        std::env::var_os("OPENB_TRACE_DIR").map(PathBuf::from),
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/openb")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("openb_pod_list_default.csv").exists())
+        .unwrap_or_else(|| panic!("the openb trace is not at ../shared/traces/openb (set OPENB_TRACE_DIR)"))
+}
+
+/// (f) A day of the openb trace, `speedup` times faster: the 24 hours of
+/// `openb_pod_list_default.csv` holding the most GPU demand (the default replay window of
+/// `gpuscale simulate --autoscale`), each pod a one-pod Job created at its arrival and deleted at
+/// its departure (pods alive when the day starts arrive at once with the time they have left).
+/// The fleet has whole L4 GPUs, which none of the three can share here, so a pod asking part of a
+/// GPU gets a whole one (as on a cluster without a sharing layer); the trace's GPU models are not
+/// kept, since only L4s are offered.
+pub fn openb_day(speedup: f64) -> Scenario {
+    use gpuscale::model::GpuDemand;
+    use gpuscale::sim::autoscale::{busiest_window_start, jobs_from_openb};
+    let path = openb_dir().join("openb_pod_list_default.csv");
+    let pods = gpuscale::trace::openb::read_pods(&path).unwrap_or_else(|e| panic!("{e}"));
+    let jobs = jobs_from_openb(&pods, Some(busiest_window_start(&pods, 24.0)), 24.0);
+    let at = |seconds: u64| Duration::from_secs_f64(seconds as f64 / speedup);
+    let mut events: Vec<(Duration, Step)> = Vec::new();
+    for j in &jobs.jobs {
+        let name = j.workload.id.trim_start_matches("openb/").to_string();
+        let gpus = match j.workload.gpu {
+            GpuDemand::None => 0,
+            GpuDemand::Whole { count } | GpuDemand::Fraction { count, .. } => count,
+            ref other => panic!("{name}: no whole-GPU form of {other:?}"),
+        };
+        let mut requests = json!({"cpu": format!("{}m", j.workload.requests.cpu_milli),
+            "memory": j.workload.requests.memory_bytes.to_string()});
+        let mut spec = pod_spec(0, 0, 0);
+        if gpus > 0 {
+            requests["nvidia.com/gpu"] = json!(gpus.to_string());
+            spec["containers"][0]["resources"]["limits"] = json!({"nvidia.com/gpu": gpus.to_string()});
+        } else {
+            spec["containers"][0]["resources"]["limits"] = json!({});
+        }
+        spec["containers"][0]["resources"]["requests"] = requests;
+        spec["restartPolicy"] = json!("Never");
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"template": {"metadata": {"labels": {"app": "openb"}}, "spec": spec}}});
+        events.push((at(j.arrival), Step::CreateAt(at(j.arrival), job)));
+        let gone = at(j.arrival + j.duration);
+        if gone < at(jobs.length) {
+            events.push((gone, Step::DeleteAt(gone, format!("/apis/batch/v1/namespaces/ml/jobs/{name}"))));
+        }
+    }
+    events.sort_by_key(|(t, _)| *t);
+    Scenario {
+        name: format!("openb busiest day ({} pods), {speedup}x faster", jobs.jobs.len()),
+        fleet: Fleet::whole_l4(),
+        steps: events.into_iter().map(|(_, s)| s).collect(),
+        duration: at(jobs.length) + Duration::from_secs(20),
+        refused: None,
+        kueue: false,
     }
 }
 
@@ -568,6 +822,38 @@ pub fn gang(members: u32, gpus: u32, duration: Duration) -> Scenario {
         fleet: Fleet::whole_l4(),
         steps: vec![Step::Create(job), Step::WaitBound(members as usize, duration)],
         duration,
+        refused: None,
+        kueue: false,
+    }
+}
+
+/// (c) The training gang of [`gang`] queued by Kueue as one pod group of `members` pods: created
+/// as Kueue's pod webhook leaves them (queue and group labels, total-count annotation, Kueue's
+/// finalizer, the admission scheduling gate), admitted all at once, through a ProvisioningRequest
+/// where the autoscaler serves them ([`setup_kueue`]).
+pub fn gang_kueue(members: u32, gpus: u32, duration: Duration) -> Scenario {
+    let mut steps: Vec<Step> = (0..members)
+        .map(|i| {
+            let mut spec = pod_spec(gpus, 32_000, 256);
+            spec["restartPolicy"] = json!("Never");
+            spec["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/admission"}]);
+            Step::Create(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("train-{i}"), "namespace": "ml",
+                    "labels": {"app": "train", "kueue.x-k8s.io/queue-name": "queue", "kueue.x-k8s.io/managed": "true",
+                        "kueue.x-k8s.io/pod-group-name": "train"},
+                    "annotations": {"kueue.x-k8s.io/pod-group-total-count": members.to_string()},
+                    "finalizers": ["kueue.x-k8s.io/managed"]},
+                "spec": spec}))
+        })
+        .collect();
+    steps.push(Step::WaitBound(members as usize, duration));
+    Scenario {
+        name: format!("{members} x {gpus}-GPU training gang through Kueue"),
+        fleet: Fleet::whole_l4(),
+        steps,
+        duration,
+        refused: None,
+        kueue: true,
     }
 }
 
@@ -584,6 +870,8 @@ pub fn load_drop(from: u32, to: u32, duration: Duration) -> Scenario {
             Step::Scale("serve", to),
         ],
         duration,
+        refused: None,
+        kueue: false,
     }
 }
 
@@ -602,7 +890,7 @@ pub struct Figures {
     pub p50_bind_s: f64,
     /// 95th percentile of the same.
     pub p95_bind_s: f64,
-    /// Pods alive at the end never bound.
+    /// Pods never bound: alive at the end without a node, or deleted before they had one.
     pub never_bound: usize,
     /// Nodes that appeared.
     pub launched: usize,
@@ -682,10 +970,12 @@ pub struct Sample {
 /// Polls nodes and pods every 200 ms; makes the peers' nodes Ready [`BOOT`] after they appear,
 /// advertising their GPUs as the fleet's device plugin does, and renews their Leases every 10 s (the kubelet and
 /// device plugin stand-in for nodes no cloud instance backs).
-fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::JoinHandle<()> {
+/// With a DRA fleet it is also NVIDIA's DRA driver: each Ready node publishes its GPUs once.
+fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>, dra: bool) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ready: BTreeSet<String> = BTreeSet::new();
         let mut renewed: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut published: BTreeSet<String> = BTreeSet::new();
         loop {
             let now = Instant::now();
             let mut held: Option<(u64, u64)> = None;
@@ -729,6 +1019,12 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
                         ready.insert(name);
                     }
                 }
+                for n in items.iter().filter(|n| dra && is_ready(n)) {
+                    let name = n["metadata"]["name"].as_str().unwrap().to_string();
+                    if !published.contains(&name) && publish_slice(&c, n).await {
+                        published.insert(name);
+                    }
+                }
                 for name in ready.iter().filter(|n| names.contains(*n)) {
                     if renewed.get(name).is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                         renew_lease(&c, name).await;
@@ -746,6 +1042,13 @@ fn spawn_meter(c: Arc<KubeCluster>, meter: Arc<Mutex<Meter>>) -> tokio::task::Jo
                 if let Some((physical, advertised)) = held {
                     let used = pods.iter().map(requested_devices).sum();
                     m.series.push((now, Sample { physical, advertised, used }));
+                }
+            }
+            if dra {
+                let (published, allocated) = dra_devices(&c).await;
+                if let Some((_, s)) = meter.lock().unwrap().series.last_mut().filter(|(t, _)| *t == now) {
+                    s.advertised += published;
+                    s.used += allocated;
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -773,6 +1076,57 @@ async fn advertise_gpus(c: &KubeCluster, name: &str) -> bool {
         && nodes.patch(name, &params, &kube::api::Patch::Merge(&label)).await.is_ok()
 }
 
+fn is_ready(node: &Value) -> bool {
+    node["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// Publishes the ResourceSlice NVIDIA's DRA driver writes for `node` once it runs: one
+/// `gpu.nvidia.com` device per physical GPU of its instance type, owned by the Node (the garbage
+/// collector removes it with the Node). False when it could not be written.
+async fn publish_slice(c: &KubeCluster, node: &Value) -> bool {
+    let name = node["metadata"]["name"].as_str().unwrap();
+    let Some(spec) =
+        node["metadata"]["labels"]["node.kubernetes.io/instance-type"].as_str().and_then(catalog::lookup)
+    else {
+        return true;
+    };
+    assert_eq!(
+        spec.gpu_model.as_deref(),
+        Some("L4"),
+        "the DRA driver stand-in knows L4s: {}",
+        spec.instance_type
+    );
+    let mut slice = crate::dra::slice(name, crate::dra::gpus(spec.gpus, crate::dra::L4));
+    slice["metadata"]["ownerReferences"][0]["uid"] = node["metadata"]["uid"].clone();
+    c.cp.raw("POST", "/apis/resource.k8s.io/v1/resourceslices", Some(slice)).await.is_ok()
+}
+
+/// Devices in ResourceSlices of Nodes that exist, and devices allocated to claims of namespace
+/// `ml` that a pod holds (`reservedFor`).
+async fn dra_devices(c: &KubeCluster) -> (u64, u64) {
+    let items = |v: Option<Value>| v.and_then(|v| v["items"].as_array().cloned()).unwrap_or_default();
+    let nodes: BTreeSet<String> = items(c.cp.raw("GET", "/api/v1/nodes", None).await.ok())
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    let slices = items(c.cp.raw("GET", "/apis/resource.k8s.io/v1/resourceslices", None).await.ok());
+    let published = slices
+        .iter()
+        .filter(|s| s["spec"]["nodeName"].as_str().is_some_and(|n| nodes.contains(n)))
+        .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len) as u64)
+        .sum();
+    let claims =
+        items(c.cp.raw("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims", None).await.ok());
+    let allocated = claims
+        .iter()
+        .filter(|c| c["status"]["reservedFor"].as_array().is_some_and(|r| !r.is_empty()))
+        .map(|c| c["status"]["allocation"]["devices"]["results"].as_array().map_or(0, Vec::len) as u64)
+        .sum();
+    (published, allocated)
+}
+
 async fn renew_lease(c: &KubeCluster, node: &str) {
     // A MicroTime: exactly six fractional digits.
     let t = Timestamp::now();
@@ -787,19 +1141,38 @@ async fn renew_lease(c: &KubeCluster, node: &str) {
 /// The shared setup: a control plane with the controllers scenarios need (ReplicaSets, Jobs,
 /// garbage collection), empty simulated cloud groups, kubelets.
 async fn cluster(fleet: &Fleet) -> Arc<KubeCluster> {
-    let controllers = vec!["replicaset-controller", "job-controller", "garbage-collector-controller"];
-    KubeCluster::start_with(&gpuscale_providers(fleet), Options { controllers, ..Default::default() }, BOOT)
-        .await
+    let controllers = vec![
+        "replicaset-controller",
+        "job-controller",
+        "garbage-collector-controller",
+        "resourceclaim-controller",
+    ];
+    let c = KubeCluster::start_with(
+        &gpuscale_providers(fleet),
+        Options { controllers, ..Default::default() },
+        BOOT,
+    )
+    .await;
+    if fleet.dra {
+        for class in crate::dra::device_classes() {
+            c.create(class).await;
+        }
+    }
+    c
 }
 
 /// Runs `scenario` with `autoscaler` on a fresh control plane and measures it.
 pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
     let c = cluster(&scenario.fleet).await;
+    if let Some(t) = scenario.refused {
+        refuse(&c, autoscaler, t).await;
+    }
     c.cp.ensure_namespace("kube-node-lease").await;
     let driver = c.spawn_driver(Duration::from_millis(100), 1);
     let meter = Arc::new(Mutex::new(Meter::default()));
-    let meter_task = spawn_meter(c.clone(), meter.clone());
-    let mut running = start(&c, autoscaler, &scenario.fleet).await;
+    let meter_task = spawn_meter(c.clone(), meter.clone(), scenario.fleet.dra);
+    let mut kueue = if scenario.kueue { Some(setup_kueue(&c, autoscaler).await) } else { None };
+    let mut running = start(&c, autoscaler, scenario).await;
     let began = Instant::now();
     let bound = |c: Arc<KubeCluster>| async move {
         let list = c.get("/api/v1/namespaces/ml/pods").await.unwrap();
@@ -808,6 +1181,9 @@ pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
     for step in &scenario.steps {
         if let Running::Peer(p) = &mut running {
             p.assert_running();
+        }
+        if let Some(k) = &mut kueue {
+            k.assert_running();
         }
         match step {
             Step::Create(obj) => {
@@ -827,6 +1203,15 @@ pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
                 .await;
             }
             Step::Sleep(d) => tokio::time::sleep(*d).await,
+            Step::CreateAt(at, obj) => {
+                tokio::time::sleep_until((began + *at).into()).await;
+                c.create(obj.clone()).await;
+            }
+            Step::DeleteAt(at, path) => {
+                tokio::time::sleep_until((began + *at).into()).await;
+                // Already gone is fine: the departure is what matters.
+                let _ = c.cp.raw("DELETE", &format!("{path}?propagationPolicy=Background"), None).await;
+            }
         }
     }
     if let Some(left) = scenario.duration.checked_sub(began.elapsed()) {
@@ -841,6 +1226,10 @@ pub async fn run(autoscaler: &Autoscaler, scenario: &Scenario) -> Figures {
     let figures = measure(&c, autoscaler.name(), &scenario.name, &seen, began, end).await;
     if let Running::Peer(p) = &running {
         eprintln!("{} log ends:\n{}", autoscaler.name(), p.tail(5));
+        if scenario.refused.is_some() {
+            let refused = p.lines_with("InsufficientInstanceCapacity");
+            eprintln!("{}: {refused} log lines say InsufficientInstanceCapacity", autoscaler.name());
+        }
     }
     match running {
         Running::Gpuscale(r) => r.shutdown().await.expect("gpuscale's controller"),
@@ -901,12 +1290,20 @@ async fn measure(
         .iter()
         .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
         .collect();
-    let never_bound = alive.iter().filter(|p| !p["spec"]["nodeName"].is_string()).count();
+    let alive_names: BTreeSet<String> =
+        alive.iter().map(|p| format!("ml/{}", p["metadata"]["name"].as_str().unwrap())).collect();
+    // Pods alive and unbound at the end, and pods deleted (a departure in the trace) before
+    // they were ever bound.
+    let never_bound = alive.iter().filter(|p| !p["spec"]["nodeName"].is_string()).count()
+        + m.pods.keys().filter(|k| !binds.contains_key(*k) && !alive_names.contains(*k)).count();
     let used: u64 = alive.iter().copied().map(requested_devices).sum();
     let nodes = c.get("/api/v1/nodes").await.unwrap();
     let nodes = nodes["items"].as_array().unwrap();
-    let alloc: u64 = nodes.iter().map(|n| gpu_devices(&n["status"]["allocatable"])).sum();
+    let mut alloc: u64 = nodes.iter().map(|n| gpu_devices(&n["status"]["allocatable"])).sum();
     let physical: u64 = nodes.iter().map(physical_gpus).sum();
+    let (published, allocated) = dra_devices(c).await;
+    alloc += published;
+    let used = used + allocated;
     Figures {
         autoscaler,
         scenario: scenario.to_string(),
