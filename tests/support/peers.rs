@@ -90,6 +90,9 @@ impl Autoscaler {
     /// Its name in the table.
     pub fn name(&self) -> &'static str {
         match self {
+            Autoscaler::Gpuscale if gpuscale_planner().scale_down_utilization < 1.0 => {
+                "gpuscale (scaleDownUtilization 0.5)"
+            }
             Autoscaler::Gpuscale => "gpuscale",
             Autoscaler::Karpenter(_) if !karpenter_overlays() => "Karpenter (no NodeOverlay)",
             Autoscaler::Karpenter(_) if karpenter_dra() => "Karpenter (DRA requests on)",
@@ -345,6 +348,17 @@ pub fn gpuscale_config() -> ControllerConfig {
     }
 }
 
+/// gpuscale's planner settings: its defaults, or with `GPUSCALE_PEERS_GPUSCALE_SCALE_DOWN=ca`
+/// Cluster Autoscaler's scale-down rule (`scaleDownUtilization: 0.5`: only nodes less than half
+/// allocated are drained).
+fn gpuscale_planner() -> PlannerSettings {
+    let ca_rule = std::env::var("GPUSCALE_PEERS_GPUSCALE_SCALE_DOWN").is_ok_and(|v| v == "ca");
+    PlannerSettings {
+        scale_down_utilization: if ca_rule { 0.5 } else { PlannerSettings::default().scale_down_utilization },
+        ..PlannerSettings::default()
+    }
+}
+
 async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, scenario: &Scenario) -> Running {
     let fleet = &scenario.fleet;
     let dir = c.cp.dir().to_path_buf();
@@ -355,7 +369,7 @@ async fn start(c: &Arc<KubeCluster>, a: &Autoscaler, scenario: &Scenario) -> Run
             c.cloud.clone(),
             "a",
             gpuscale_config(),
-            PlannerSettings::default(),
+            gpuscale_planner(),
             false,
         )),
         Autoscaler::Karpenter(bin) => {
